@@ -1,0 +1,114 @@
+"""Composites: the layers of a transformer written as primitives.
+
+Broadcasting is explicit in the IR, so each composite reshapes and broadcasts its scalars
+and vectors itself. Each follows the float32 arithmetic of transformers' Qwen2 modules,
+operation for operation, so the interpreter differs from it only by summation order.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.expr import Expr
+from ..ir.graph import GraphBuilder
+
+
+def fill(b: GraphBuilder, value: float, shape, dtype: str = "f32") -> int:
+    """A scalar broadcast to shape."""
+    x = b.const(value, dtype)
+    if not shape:
+        return x
+    return b.broadcast(b.reshape(x, [1] * len(shape)), shape)
+
+
+def expand(b: GraphBuilder, x: int, axis_shape, shape) -> int:
+    """Reshapes x to axis_shape (x's values with size-1 axes added) and broadcasts it to shape."""
+    return b.broadcast(b.reshape(x, axis_shape), shape)
+
+
+def linear(b: GraphBuilder, x: int, weight: int, bias: int | None = None) -> int:
+    """x @ W.T (+ bias), with W in transformers' [out, in] layout, read through a permute."""
+    y = b.matmul(x, b.permute(weight, [1, 0]))
+    if bias is not None:
+        rows, cols = b.shape(y)
+        y = b.add(y, expand(b, bias, [1, cols], [rows, cols]))
+    return y
+
+
+def rms_norm(b: GraphBuilder, x: int, gain: int, eps: float) -> int:
+    """gain * (x * rsqrt(mean(x*x) + eps)), rows of x [rows, width]."""
+    rows, width = b.shape(x)
+    mean = b.div(b.reduce_sum(b.mul(x, x), 1), fill(b, float(width.as_int()), [rows, 1]))
+    inv = b.reciprocal(b.sqrt(b.add(mean, fill(b, eps, [rows, 1]))))
+    normed = b.mul(x, b.broadcast(inv, [rows, width]))
+    return b.mul(expand(b, gain, [1, width], [rows, width]), normed)
+
+
+def silu(b: GraphBuilder, x: int) -> int:
+    """x * sigmoid(x), sigmoid as 1 / (1 + exp(-x)); exp overflowing to inf gives 0, as it should."""
+    shape = b.shape(x)
+    return b.mul(x, b.reciprocal(b.add(fill(b, 1.0, shape), b.exp(b.neg(x)))))
+
+
+def softmax(b: GraphBuilder, x: int) -> int:
+    """Softmax along the last axis, with the row maximum subtracted first."""
+    shape = b.shape(x)
+    axis = len(shape) - 1
+    shifted = b.sub(x, b.broadcast(b.reduce_max(x, axis), shape))
+    e = b.exp(shifted)
+    return b.div(e, b.broadcast(b.reduce_sum(e, axis), shape))
+
+
+def rope_tables(b: GraphBuilder, head_dim: int, theta: float) -> tuple[int, int]:
+    """cos and sin tables [seq, head_dim] for the positions past .. past+seq-1, in the graph."""
+    seq, past = Expr.sym("seq"), Expr.sym("past")
+    half = head_dim // 2
+    # transformers: 1 / base ** (arange(0, d, 2) / d), in float32
+    exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    inv_freq = (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
+    positions = b.add(b.iota(seq), b.broadcast(b.reshape(b.dim(past), [1]), [seq]))
+    positions = b.cast(positions, "f32")
+    freqs = b.mul(expand(b, positions, [seq, 1], [seq, half]), expand(b, b.const(inv_freq), [1, half], [seq, half]))
+    angles = b.concat([freqs, freqs], 1)
+    return b.cos(angles), b.sin(angles)
+
+
+def apply_rope(b: GraphBuilder, x: int, cos: int, sin: int) -> int:
+    """x * cos + rotate_half(x) * sin for x [heads, seq, head_dim] (the half-split, neox form)."""
+    heads, seq, d = b.shape(x)
+    half = d.as_int() // 2
+    rotated = b.concat([b.neg(b.slice(x, 2, half, 2 * half)), b.slice(x, 2, 0, half)], 2)
+    cos_b = expand(b, cos, [1, seq, d], [heads, seq, d])
+    sin_b = expand(b, sin, [1, seq, d], [heads, seq, d])
+    return b.add(b.mul(x, cos_b), b.mul(rotated, sin_b))
+
+
+def causal_mask(b: GraphBuilder) -> int:
+    """bool [seq, past+seq]: query s (at position past+s) may attend to key t iff t <= past+s."""
+    seq, past = Expr.sym("seq"), Expr.sym("past")
+    total = past + seq
+    keys = expand(b, b.iota(total), [1, total], [seq, total])
+    queries = b.add(b.iota(seq), b.broadcast(b.reshape(b.dim(past), [1]), [seq]))
+    queries = expand(b, queries, [seq, 1], [seq, total])
+    return b.less_equal(keys, queries)
+
+
+def attention(b: GraphBuilder, q: int, k: int, v: int, mask: int, kv_heads: int) -> int:
+    """Grouped-query attention without repeating K and V.
+
+    q [heads, seq, d] is viewed as [kv_heads, group*seq, d]: the query heads sharing a key head
+    are adjacent, so one batched matmul per key head serves the whole group and K and V are
+    read once. k, v: [kv_heads, past+seq, d]. Returns [heads, seq, d].
+    """
+    heads, seq, d = b.shape(q)
+    _, total, _ = b.shape(k)
+    group = heads.as_int() // kv_heads
+    qg = b.reshape(q, [kv_heads, group * seq, d])
+    scores = b.matmul(qg, b.permute(k, [0, 2, 1]))
+    scale = np.float32(d.as_int() ** -0.5)
+    scores = b.mul(scores, fill(b, float(scale), [kv_heads, group * seq, total]))
+    scores = b.reshape(scores, [kv_heads, group, seq, total])
+    full = [kv_heads, group, seq, total]
+    scores = b.where(expand(b, mask, [1, 1, seq, total], full), scores, fill(b, float("-inf"), full))
+    probs = b.reshape(softmax(b, scores), [kv_heads, group * seq, total])
+    context = b.matmul(probs, v)
+    return b.reshape(context, [heads, seq, d])

@@ -1,0 +1,70 @@
+"""Qwen2 as a graph: written once, for any Qwen2Config, with symbolic seq and past.
+
+Inputs: tokens i32[seq] and, per layer i, cache.i.k and cache.i.v f32[kv_heads, past, head_dim].
+Outputs: logits f32[1, vocab] (or [seq, vocab] with all_logits) and the grown caches
+cache.i.k, cache.i.v f32[kv_heads, past+seq, head_dim]. An uncached pass is past = 0.
+"""
+from __future__ import annotations
+
+from ..ir.expr import Expr
+from ..ir.graph import Graph, GraphBuilder
+from . import nn
+from .config import Qwen2Config
+
+
+def build_qwen2(cfg: Qwen2Config, all_logits: bool = False) -> Graph:
+    b = GraphBuilder("qwen2")
+    seq, past = Expr.sym("seq"), Expr.sym("past")
+    h, d = cfg.hidden_size, cfg.head_dim
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+
+    tokens = b.input("tokens", [seq], "i32")
+    embed = b.weight("model.embed_tokens.weight", [cfg.vocab_size, h])
+    x = b.gather(embed, tokens)
+    with b.scope("rope"):
+        cos, sin = nn.rope_tables(b, d, cfg.rope_theta)
+        mask = nn.causal_mask(b)
+
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+
+        def w(name, shape):
+            return b.weight(p + name, shape)
+
+        with b.scope(f"layers.{i}"):
+            with b.scope("attn"):
+                hn = nn.rms_norm(b, x, w("input_layernorm.weight", [h]), cfg.rms_norm_eps)
+                proj = {}
+                for name, width in (("q", heads * d), ("k", kv_heads * d), ("v", kv_heads * d)):
+                    bias = w(f"self_attn.{name}_proj.bias", [width]) if cfg.qkv_bias else None
+                    y = nn.linear(b, hn, w(f"self_attn.{name}_proj.weight", [width, h]), bias)
+                    n_heads = width // d
+                    proj[name] = b.permute(b.reshape(y, [seq, n_heads, d]), [1, 0, 2])
+                q = nn.apply_rope(b, proj["q"], cos, sin)
+                k = nn.apply_rope(b, proj["k"], cos, sin)
+                k_all = b.concat([b.input(f"cache.{i}.k", [kv_heads, past, d]), k], 1)
+                v_all = b.concat([b.input(f"cache.{i}.v", [kv_heads, past, d]), proj["v"]], 1)
+                b.output(f"cache.{i}.k", k_all)
+                b.output(f"cache.{i}.v", v_all)
+                context = nn.attention(b, q, k_all, v_all, mask, kv_heads)
+                context = b.reshape(b.permute(context, [1, 0, 2]), [seq, heads * d])
+                x = b.add(x, nn.linear(b, context, w("self_attn.o_proj.weight", [h, heads * d])))
+            with b.scope("mlp"):
+                hn = nn.rms_norm(b, x, w("post_attention_layernorm.weight", [h]), cfg.rms_norm_eps)
+                ffn = cfg.intermediate_size
+                gate = nn.linear(b, hn, w("mlp.gate_proj.weight", [ffn, h]))
+                up = nn.linear(b, hn, w("mlp.up_proj.weight", [ffn, h]))
+                down = nn.linear(b, b.mul(nn.silu(b, gate), up), w("mlp.down_proj.weight", [h, ffn]))
+                x = b.add(x, down)
+
+    with b.scope("head"):
+        if not all_logits:
+            x = b.slice(x, 0, seq - 1, seq)  # rows are independent from here on
+        x = nn.rms_norm(b, x, b.weight("model.norm.weight", [h]), cfg.rms_norm_eps)
+        head = embed if cfg.tie_word_embeddings else b.weight("lm_head.weight", [cfg.vocab_size, h])
+        b.output("logits", nn.linear(b, x, head))
+    return b.finish()
+
+
+def cache_names(cfg: Qwen2Config) -> list[str]:
+    return [f"cache.{i}.{kv}" for i in range(cfg.num_hidden_layers) for kv in ("k", "v")]

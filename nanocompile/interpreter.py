@@ -1,0 +1,115 @@
+"""The NumPy interpreter: the definition of what a graph means.
+
+Every primitive is one NumPy expression on float32 (or int32, bool) arrays, and every result
+is checked against the shape and dtype that inference promised. It is kept plain on purpose:
+passes and generated code are tested against it, so it must stay obviously right.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .ir.expr import evaluate_shape, shape_str
+from .ir.graph import Graph, Node
+
+NP_DTYPES = {"f32": np.float32, "i32": np.int32, "bool": np.bool_}
+
+
+class InterpreterError(RuntimeError):
+    pass
+
+
+def _evaluate(node: Node, vals: list, env: Mapping[str, int], inputs, weights):
+    a = node.attrs
+    x = [vals[i] for i in node.args]
+    op = node.op
+    if op == "input":
+        return inputs[a["name"]]
+    if op == "weight":
+        return weights[a["name"]]
+    if op == "const":
+        return a["value"]
+    if op == "iota":
+        return np.arange(a["n"].evaluate(env), dtype=np.int32)
+    if op == "dim":
+        return np.array(a["expr"].evaluate(env), dtype=np.int32)
+    if op == "reshape":
+        return x[0].reshape(evaluate_shape(a["shape"], env))
+    if op == "broadcast":
+        return np.broadcast_to(x[0], evaluate_shape(a["shape"], env))
+    if op == "permute":
+        return np.transpose(x[0], a["perm"])
+    if op == "slice":
+        start, stop = a["start"].evaluate(env), a["stop"].evaluate(env)
+        size = x[0].shape[a["axis"]]
+        if not (0 <= start <= stop <= size):
+            raise InterpreterError(f"%{node.id} slice [{start}:{stop}] outside axis {a['axis']} of size {size}")
+        index = [slice(None)] * x[0].ndim
+        index[a["axis"]] = slice(start, stop)
+        return x[0][tuple(index)]
+    if op == "concat":
+        return np.concatenate(x, axis=a["axis"])
+    if op == "gather":
+        table, index = x
+        if index.size and (index.min() < 0 or index.max() >= table.shape[0]):
+            raise InterpreterError(f"%{node.id} gather index outside [0, {table.shape[0]})")
+        return table[index]
+    if op == "add": return x[0] + x[1]
+    if op == "sub": return x[0] - x[1]
+    if op == "mul": return x[0] * x[1]
+    if op == "div": return x[0] / x[1]
+    if op == "neg": return -x[0]
+    if op == "sqrt": return np.sqrt(x[0])
+    if op == "reciprocal": return np.float32(1) / x[0]
+    if op == "exp": return np.exp(x[0])
+    if op == "sin": return np.sin(x[0])
+    if op == "cos": return np.cos(x[0])
+    if op == "where": return np.where(x[0], x[1], x[2])
+    if op == "less_equal": return x[0] <= x[1]
+    if op == "reduce_sum": return np.sum(x[0], axis=a["axis"], keepdims=True)
+    if op == "reduce_max": return np.max(x[0], axis=a["axis"], keepdims=True)
+    if op == "matmul": return np.matmul(x[0], x[1])
+    if op == "cast": return x[0].astype(NP_DTYPES[a["dtype"]])
+    raise InterpreterError(f"%{node.id}: no meaning defined for primitive {op!r}")
+
+
+def check_feeds(graph: Graph, env: Mapping[str, int], inputs: Mapping[str, np.ndarray],
+                weights: Mapping[str, np.ndarray]) -> None:
+    for kind, feeds, declared in (("input", inputs, graph.inputs()), ("weight", weights, graph.weights())):
+        for name, node in declared.items():
+            if name not in feeds:
+                raise InterpreterError(f"{kind} {name!r} was not given")
+            value = feeds[name]
+            want = evaluate_shape(node.shape, env)
+            if value.shape != want or value.dtype != NP_DTYPES[node.dtype]:
+                raise InterpreterError(f"{kind} {name!r}: expected {node.dtype}{list(want)}, "
+                                       f"got {value.dtype}{list(value.shape)}")
+
+
+def run(graph: Graph, env: Mapping[str, int], inputs: Mapping[str, np.ndarray],
+        weights: Mapping[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+    """Runs the graph with the symbols bound by env (e.g. {"seq": 5, "past": 0})."""
+    check_feeds(graph, env, inputs, weights)
+    wanted = list(graph.outputs) if outputs is None else outputs
+    # free each value after its last use so a whole model's activations are not all kept
+    last_use = {}
+    for n in graph.nodes:
+        for a in n.args:
+            last_use[a] = n.id
+    keep = {graph.outputs[name] for name in wanted}
+    vals: list = [None] * len(graph.nodes)
+    # exp of a large argument overflows to inf by definition (IEEE), not by accident
+    with np.errstate(over="ignore", under="ignore"):
+        for node in graph.nodes:
+            value = _evaluate(node, vals, env, inputs, weights)
+            value = np.asarray(value)
+            want = evaluate_shape(node.shape, env)
+            if value.shape != want or value.dtype != NP_DTYPES[node.dtype]:
+                raise InterpreterError(f"%{node.id} {node.op}: inference promised {node.dtype}{list(want)} "
+                                       f"({shape_str(node.shape)}), got {value.dtype}{list(value.shape)}")
+            vals[node.id] = value
+            for a in node.args:
+                if last_use[a] == node.id and a not in keep:
+                    vals[a] = None
+    return {name: np.ascontiguousarray(vals[graph.outputs[name]]) for name in wanted}

@@ -1,0 +1,70 @@
+"""A generation session: the KV cache, the position, and checks on what goes in.
+
+A backend runs the graph (the interpreter here; the compiled library later). The session
+keeps the cache and refuses, before anything changes, tokens outside the vocabulary and
+steps that would overflow the context, so a rejected step leaves the state as it was.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ContextFullError, InputError
+from .frontend.config import Qwen2Config
+from .frontend.qwen2 import build_qwen2, cache_names
+
+
+def check_tokens(tokens, vocab_size: int) -> np.ndarray:
+    array = np.asarray(tokens)
+    if array.ndim != 1 or array.size == 0:
+        raise InputError("a step needs at least one token")
+    if not np.issubdtype(array.dtype, np.integer):
+        raise InputError(f"token ids must be integers, got {array.dtype}")
+    bad = np.flatnonzero((array < 0) | (array >= vocab_size))
+    if bad.size:
+        i = int(bad[0])
+        raise InputError(f"token id {int(array[i])} at position {i} is outside the vocabulary (0..{vocab_size - 1})")
+    return array.astype(np.int32)
+
+
+def check_n_ctx(n_ctx: int, cfg: Qwen2Config) -> int:
+    if not isinstance(n_ctx, int) or n_ctx < 1:
+        raise InputError(f"context size must be a positive integer, got {n_ctx!r}")
+    if n_ctx > cfg.max_position_embeddings:
+        raise InputError(f"context size {n_ctx} exceeds the model's maximum of {cfg.max_position_embeddings}")
+    return n_ctx
+
+
+class InterpreterSession:
+    """Runs Qwen2 with the NumPy interpreter: the reference backend."""
+
+    backend_name = "interp"
+
+    def __init__(self, config: Qwen2Config, weights: dict[str, np.ndarray], n_ctx: int = 4096):
+        from . import interpreter
+
+        self.config = config
+        self.n_ctx = check_n_ctx(n_ctx, config)
+        self.weights = weights
+        self._run = interpreter.run
+        self._graphs = {False: build_qwen2(config, all_logits=False), True: build_qwen2(config, all_logits=True)}
+        self.reset()
+
+    def reset(self) -> None:
+        cfg = self.config
+        empty = np.zeros((cfg.num_key_value_heads, 0, cfg.head_dim), np.float32)
+        self.cache = {name: empty for name in cache_names(cfg)}
+        self.past = 0
+
+    def step(self, tokens, all_logits: bool = False) -> np.ndarray:
+        """Runs new tokens after the cached ones; returns logits [vocab] (or [seq, vocab])."""
+        ids = check_tokens(tokens, self.config.vocab_size)
+        if self.past + ids.size > self.n_ctx:
+            raise ContextFullError(f"context is full: {self.past} cached + {ids.size} new tokens exceed "
+                                   f"n_ctx = {self.n_ctx}")
+        graph = self._graphs[all_logits]
+        env = {"seq": int(ids.size), "past": self.past}
+        out = self._run(graph, env, {"tokens": ids, **self.cache}, self.weights)
+        self.cache = {name: out[name] for name in self.cache}
+        self.past += int(ids.size)
+        logits = out["logits"]
+        return logits if all_logits else logits[0]

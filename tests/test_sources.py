@@ -1,0 +1,102 @@
+"""Model sources on real files: GGUF (F32 and Q8_0 tensors) and Hugging Face directories
+(both config forms, sharded, bfloat16), each checked against what was written and, for HF
+directories, against transformers loading the same directory."""
+import dataclasses
+import warnings
+
+import numpy as np
+import pytest
+
+from nanocompile.models import load_model
+from nanocompile.session import InterpreterSession
+
+from model_files import bf16_round, random_weights, tiny_config, write_gguf, write_hf_dir
+
+
+def test_gguf_f32_loads_exactly(tmp_path, isolated_cache):
+    cfg = tiny_config()
+    w = random_weights(cfg)
+    m = load_model(write_gguf(tmp_path / "t.gguf", cfg, w, quantize=False), progress=False)
+    # GGUF stores the epsilon as float32
+    assert m.config == dataclasses.replace(cfg, rms_norm_eps=float(np.float32(cfg.rms_norm_eps)))
+    assert set(m.weights) == set(w)
+    for k in w:
+        assert np.array_equal(m.weights[k], w[k]), k
+
+
+def test_gguf_q8_0_dequantizes_like_gguf_reference(tmp_path, isolated_cache):
+    import gguf
+
+    cfg = tiny_config(hidden=64, head_dim=16, ffn=96)
+    w = random_weights(cfg)
+    m = load_model(write_gguf(tmp_path / "q.gguf", cfg, w, quantize=True), progress=False)
+    q = w["model.layers.0.mlp.up_proj.weight"]
+    ref = gguf.quants.dequantize(gguf.quants.quantize(q, gguf.GGMLQuantizationType.Q8_0),
+                                 gguf.GGMLQuantizationType.Q8_0)
+    assert np.array_equal(m.weights["model.layers.0.mlp.up_proj.weight"], ref)
+    # Q8_0 keeps 8 bits per value: the dequantized weight is close to the original
+    assert np.abs(ref - q).max() <= np.abs(q).max() / 127
+
+
+def test_gguf_cache_second_load_is_identical(tmp_path, isolated_cache):
+    cfg = tiny_config()
+    path = write_gguf(tmp_path / "t.gguf", cfg, random_weights(cfg), quantize=False)
+    first = load_model(path, progress=False)
+    second = load_model(path, progress=False)
+    assert first.stats["cache"] == "miss" and second.stats["cache"] == "hit"
+    assert second.config == first.config
+    for k in first.weights:
+        assert np.array_equal(first.weights[k], second.weights[k])
+    assert second.tokenizer.encode("hi <|im_end|>") == first.tokenizer.encode("hi <|im_end|>")
+    # touching the file changes its key: the cache never serves a file that changed
+    path.write_bytes(path.read_bytes())
+    assert load_model(path, progress=False).stats["cache"] == "miss"
+
+
+@pytest.mark.parametrize("rope_form, shards, bf16", [("parameters", 1, False), ("theta", 3, False),
+                                                      ("parameters", 2, True)])
+def test_hf_directory_against_transformers(tmp_path, rope_form, shards, bf16):
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    cfg = tiny_config(hidden=44, heads=4, kv_heads=2, head_dim=10, theta=5e5)
+    w = random_weights(cfg, seed=7)
+    path = write_hf_dir(tmp_path / "hf", cfg, w, rope_form=rope_form, shards=shards, bf16=bf16)
+    m = load_model(path, progress=False)
+    assert m.config == cfg
+    expected = bf16_round(w) if bf16 else w
+    for k in w:
+        assert np.array_equal(m.weights[k], expected[k]), k
+    if bf16:
+        return  # transformers would load bf16 as bf16; the values were compared above
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf = Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    assert hf.config.rope_parameters["rope_theta"] == cfg.rope_theta
+    ids = [1, 5, 9, 200, 33]
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0].numpy()
+    got = InterpreterSession(m.config, m.weights, n_ctx=32).step(ids, all_logits=True)
+    assert np.abs(got - want).max() <= 1e-4
+
+
+def test_hf_config_forms_agree(tmp_path):
+    from nanocompile.frontend import Qwen2Config
+    from model_files import hf_config_dict
+
+    cfg = tiny_config(theta=123456.0)
+    a = Qwen2Config.from_hf_dict(hf_config_dict(cfg, "parameters"))
+    b = Qwen2Config.from_hf_dict(hf_config_dict(cfg, "theta"))
+    assert a == b == cfg
+
+
+def test_weight_nan_scan_is_opt_in(tmp_path, isolated_cache):
+    from nanocompile.errors import ModelError
+
+    cfg = tiny_config()
+    w = random_weights(cfg)
+    w["model.layers.1.mlp.down_proj.weight"][3, 4] = np.nan
+    path = write_gguf(tmp_path / "nan.gguf", cfg, w, quantize=False)
+    load_model(path, progress=False)  # loads: the scan costs a pass over every weight
+    with pytest.raises(ModelError, match="down_proj.weight.*NaN or Inf"):
+        load_model(path, progress=False, check_finite=True)
