@@ -1,0 +1,61 @@
+"""What every benchmark shares: thread settings, the machine's description, statistics, and
+appending results to bench/results.jsonl."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results.jsonl"
+THREADS = 2
+
+
+def pin_threads(n: int = THREADS) -> None:
+    """Every engine gets n threads: NumPy's BLAS and OpenMP read these at import."""
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NANOCOMPILE_THREADS"):
+        os.environ[var] = str(n)
+
+
+def machine() -> dict:
+    info = {"python": platform.python_version(), "cores": os.cpu_count()}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        for line in text.splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                info["isa"] = sorted(f for f in flags if f.startswith(("avx", "fma", "amx")))
+                break
+    except OSError:
+        pass
+    import numpy
+    info["numpy"] = numpy.__version__
+    try:
+        from threadpoolctl import threadpool_info  # optional: what BLAS really uses
+        info["blas"] = [{"api": p.get("internal_api"), "threads": p.get("num_threads")} for p in threadpool_info()]
+    except ImportError:
+        info["blas_threads_env"] = os.environ.get("OPENBLAS_NUM_THREADS")
+    return info
+
+
+def summary(samples: list[float]) -> dict:
+    """Median, minimum, maximum and the interquartile range; never the mean alone."""
+    s = sorted(samples)
+    q = statistics.quantiles(s, n=4) if len(s) >= 2 else [s[0]] * 3
+    return {"median": statistics.median(s), "min": s[0], "max": s[-1], "iqr": q[2] - q[0], "n": len(s)}
+
+
+def append(record: dict) -> None:
+    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "threads": THREADS, "machine": machine(), **record}
+    with open(RESULTS, "a") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def sign_test(wins: int, n: int) -> float:
+    """One-sided exact sign test: P(at least `wins` of n by chance)."""
+    from math import comb
+    return sum(comb(n, k) for k in range(wins, n + 1)) / 2 ** n
