@@ -33,7 +33,7 @@ def cmd_run(args) -> int:
     _set_threads(args.threads)
     from .generate_text import TextStream, generate
     from .models import load_model
-    from .session import InterpreterSession
+    from .session import open_session
 
     model = load_model(args.model, progress=not args.quiet)
     tok = model.tokenizer
@@ -60,7 +60,7 @@ def cmd_run(args) -> int:
         raise NanocompileError("the prompt is empty")
 
     n_ctx = args.ctx_size if args.ctx_size is not None else min(4096, model.config.max_position_embeddings)
-    session = InterpreterSession(model.config, model.weights, n_ctx=n_ctx)
+    session = open_session(model, args.backend, n_ctx=n_ctx, threads=args.threads, progress=not args.quiet)
     stop = set(tok.eos_ids) if tok else set()
     out = sys.stdout
 
@@ -125,12 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-f", "--file", help="read the prompt from this file")
     run.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate (-1: until end of text)")
     run.add_argument("-c", "--ctx-size", type=int, help="context size in tokens (default: 4096 or the model's maximum)")
-    run.add_argument("-t", "--threads", type=_threads, default=2, help="threads (0 = all cores)")
+    run.add_argument("-t", "--threads", type=_threads, default=2,
+                     help="threads (0 = all cores); the interpreter passes them to NumPy's BLAS")
     run.add_argument("--chat", action="store_true", help="apply the model's chat template")
     run.add_argument("--system", help="system message (with --chat)")
     run.add_argument("--prompt-ids", help="token ids instead of a prompt, e.g. '1 2 3'")
     run.add_argument("--ids", action="store_true", help="print generated token ids instead of text")
-    run.add_argument("--backend", choices=["interp"], default="interp", help="interp: the NumPy interpreter")
+    run.add_argument("--backend", choices=["compiled", "interp"], default="compiled",
+                     help="compiled: the whole-model C library (default); interp: the NumPy interpreter")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     run.set_defaults(func=cmd_run)
 

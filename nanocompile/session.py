@@ -46,7 +46,7 @@ class InterpreterSession:
         self.n_ctx = check_n_ctx(n_ctx, config)
         self.weights = weights
         self._run = interpreter.run
-        self._graphs = {False: build_qwen2(config, all_logits=False), True: build_qwen2(config, all_logits=True)}
+        self._graphs = {False: build_qwen2(config, logits="last"), True: build_qwen2(config, logits="all")}
         self.reset()
 
     def reset(self) -> None:
@@ -68,3 +68,17 @@ class InterpreterSession:
         self.past += int(ids.size)
         logits = out["logits"]
         return logits if all_logits else logits[0]
+
+
+BACKENDS = ("compiled", "interp")
+
+
+def open_session(model, backend: str = "compiled", n_ctx: int = 4096, threads: int = 1, progress: bool = False):
+    """A session on a LoadedModel: the compiled library (default) or the NumPy interpreter."""
+    if backend == "interp":
+        return InterpreterSession(model.config, model.weights, n_ctx=n_ctx)
+    if backend == "compiled":
+        from .library import CompiledSession
+        return CompiledSession(model.config, model.weights, n_ctx=n_ctx, threads=threads,
+                               weights_key=model.key, progress=progress)
+    raise InputError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")

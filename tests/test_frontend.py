@@ -49,7 +49,7 @@ def test_graph_interface():
         assert inputs[name].shape == (cfg.num_key_value_heads, PAST, cfg.head_dim)
         assert g.nodes[g.outputs[name]].shape == (cfg.num_key_value_heads, PAST + SEQ, cfg.head_dim)
     assert g.nodes[g.outputs["logits"]].shape == (1, cfg.vocab_size)
-    assert build_qwen2(cfg, all_logits=True).nodes[-1].shape == (SEQ, cfg.vocab_size)
+    assert build_qwen2(cfg, logits="all").nodes[-1].shape == (SEQ, cfg.vocab_size)
     assert {n: tuple(int(d.as_int()) for d in node.shape) for n, node in g.weights().items()} == weight_shapes(cfg)
 
 
@@ -64,7 +64,7 @@ def test_one_graph_serves_prompt_and_decode():
     """The same graph, run at seq=5 past=0 and then at seq=1 past=5, equals one run at seq=6."""
     cfg = tiny_config()
     w = random_weights(cfg, seed=3)
-    g = build_qwen2(cfg, all_logits=True)
+    g = build_qwen2(cfg, logits="all")
     ids = np.array([5, 17, 42, 7, 99, 3], np.int32)
     empty = {n: np.zeros((cfg.num_key_value_heads, 0, cfg.head_dim), np.float32) for n in cache_names(cfg)}
     full = interpreter.run(g, {"seq": 6, "past": 0}, {"tokens": ids, **empty}, w)

@@ -1,8 +1,9 @@
 """Qwen2 as a graph: written once, for any Qwen2Config, with symbolic seq and past.
 
 Inputs: tokens i32[seq] and, per layer i, cache.i.k and cache.i.v f32[kv_heads, past, head_dim].
-Outputs: logits f32[1, vocab] (or [seq, vocab] with all_logits) and the grown caches
-cache.i.k, cache.i.v f32[kv_heads, past+seq, head_dim]. An uncached pass is past = 0.
+Outputs: logits f32[1, vocab] of the last row (logits="last"), f32[seq, vocab] (logits="all")
+or none at all (logits="none", for the chunks of a long prompt before its last), and the grown
+caches cache.i.k, cache.i.v f32[kv_heads, past+seq, head_dim]. An uncached pass is past = 0.
 """
 from __future__ import annotations
 
@@ -12,8 +13,13 @@ from . import nn
 from .config import Qwen2Config
 
 
-def build_qwen2(cfg: Qwen2Config, all_logits: bool = False) -> Graph:
-    b = GraphBuilder("qwen2")
+LOGITS = ("last", "all", "none")
+
+
+def build_qwen2(cfg: Qwen2Config, logits: str = "last") -> Graph:
+    if logits not in LOGITS:
+        raise ValueError(f"logits must be one of {LOGITS}, got {logits!r}")
+    b = GraphBuilder(f"qwen2_logits_{logits}")
     seq, past = Expr.sym("seq"), Expr.sym("past")
     h, d = cfg.hidden_size, cfg.head_dim
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -57,8 +63,10 @@ def build_qwen2(cfg: Qwen2Config, all_logits: bool = False) -> Graph:
                 down = nn.linear(b, b.mul(nn.silu(b, gate), up), w("mlp.down_proj.weight", [h, ffn]))
                 x = b.add(x, down)
 
+    if logits == "none":
+        return b.finish()
     with b.scope("head"):
-        if not all_logits:
+        if logits == "last":
             x = b.slice(x, 0, seq - 1, seq)  # rows are independent from here on
         x = nn.rms_norm(b, x, b.weight("model.norm.weight", [h]), cfg.rms_norm_eps)
         head = embed if cfg.tie_word_embeddings else b.weight("lm_head.weight", [cfg.vocab_size, h])

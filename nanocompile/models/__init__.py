@@ -27,6 +27,7 @@ class LoadedModel:
     source: str
     name: str
     stats: dict = field(default_factory=dict)  # load timings, cache hit
+    key: str | None = None  # identifies the source file(s), for caches derived from them
 
     @property
     def n_params(self) -> int:
@@ -58,6 +59,7 @@ def load_model(spec: str | Path = DEFAULT, progress: bool = True, check_finite: 
         model = _load_hf_dir(path)
     else:
         model = _load_gguf(path, bars)
+    model.key = cache.source_key(path)
     if check_finite:
         check_weights_finite(model.weights, model.source)
     model.stats["load_seconds"] = time.perf_counter() - start

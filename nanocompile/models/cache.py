@@ -22,10 +22,11 @@ def cache_dir() -> Path:
 
 
 def source_key(path: Path) -> str:
-    """Identifies a model file by where it is, its size and its modification time."""
-    st = path.stat()
-    text = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{FORMAT_VERSION}"
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
+    """Identifies a model file, or a directory's files, by where they are, their sizes and their
+    modification times: a file that changes gets a new key."""
+    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    text = "|".join(f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+    return hashlib.sha256(f"{text}|{FORMAT_VERSION}".encode()).hexdigest()[:20]
 
 
 def weights_entry(path: Path) -> Path:

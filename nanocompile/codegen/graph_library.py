@@ -1,0 +1,118 @@
+"""Any graph as a small shared library with one entry point: the harness that checks generated
+C against the interpreter primitive by primitive (and, later, pass against pass).
+
+It is the same lowering, memory plan, kernel template and compiler flags as a model library,
+without a model's interface; it is compiled with the C compiler directly, for speed.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..compiler import GENERATOR
+from ..interpreter import NP_DTYPES, check_feeds
+from ..ir.expr import evaluate_shape
+from ..ir.graph import Graph
+from ..loopir.lower import buffer_name, lower
+from ..loopir.plan import plan_memory
+from .cexpr import C_TYPES, float_literal
+from .render import _kernel_data, data_root, environment
+
+CFLAGS = ["-O2", "-ffp-contract=off", "-fno-fast-math", "-march=native", "-shared", "-fPIC", "-std=c11",
+          "-Wall", "-Wno-unused-variable", "-Wno-unused-function"]
+ENTRY = "nc_graph_run"
+
+
+def render_graph(graph: Graph, max_seq: int = 16, max_past: int = 16) -> tuple[str, list[dict], int]:
+    prog = lower(graph, graph.name, model=False)
+    plan = plan_memory(prog, max_seq, max_past)
+    external = [b for b in prog.buffers.values() if b.kind in ("input", "weight", "output")]
+    external.sort(key=lambda b: ({"input": 0, "weight": 1, "output": 2}[b.kind], b.name))
+    data = {
+        "generator": GENERATOR, "name": graph.name, "entry": ENTRY, "max_seq": max_seq, "max_past": max_past,
+        "arena_bytes": plan.arena_bytes,
+        "consts": [{"name": n, "ctype": C_TYPES["f32"] if v.dtype == np.float32 else C_TYPES["i32"],
+                    "size": int(v.size),
+                    "values": [float_literal(float(x)) if v.dtype == np.float32 else str(int(x)) for x in v.ravel()]}
+                   for n, v in sorted(prog.consts.items())],
+        "kernels": [_kernel_data(k) for k in prog.kernels.values()],
+        "arena": [{"name": s.buffer, "ctype": C_TYPES[prog.buffers[s.buffer].dtype], "offset": s.offset,
+                   "note": prog.buffers[s.buffer].note} for s in sorted(plan.slots.values(), key=lambda s: s.first)],
+        "external": [{"name": b.name, "kind": b.kind, "ctype": C_TYPES[b.dtype], "note": b.note} for b in external],
+        "calls": [{"kernel": c.kernel, "args": list(c.args)} for c in prog.calls],
+    }
+    text = environment().get_template("graph.c.j2").render(**data)
+    return text, data["external"], plan.arena_bytes
+
+
+class GraphLibrary:
+    def __init__(self, graph: Graph, max_seq: int = 16, max_past: int = 16, cache: Path | None = None):
+        self.graph = graph
+        self.max_seq, self.max_past = max_seq, max_past
+        self.source, self.external, self.arena_bytes = render_graph(graph, max_seq, max_past)
+        digest = hashlib.sha256(self.source.encode()).hexdigest()[:24]
+        directory = cache or Path(tempfile.gettempdir()) / f"nanocompile-graphs-{os.getuid()}"
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"graph_{digest}.so"
+        if not self.path.exists():
+            c_file = directory / f"graph_{digest}.c"
+            c_file.write_text(self.source)
+            tmp = self.path.with_suffix(f".tmp{os.getpid()}.so")
+            runtime = data_root() / "runtime"
+            cc = os.environ.get("CC", "cc")
+            r = subprocess.run([cc, *CFLAGS, f"-I{runtime}", str(c_file), str(runtime / "nc_runtime.c"), "-o",
+                                str(tmp), "-lm"], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"{cc} failed on {c_file}:\n{r.stderr[-4000:]}")
+            os.replace(tmp, self.path)
+        self.lib = ctypes.CDLL(str(self.path))
+        self.fn = getattr(self.lib, ENTRY)
+        self.fn.restype = None
+        self.fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64, ctypes.c_int64]
+
+    def run(self, env, inputs, weights, guard: int = 64) -> dict[str, np.ndarray]:
+        """Runs with the symbols in env; each output is surrounded by guard elements that must
+        come back untouched (a write outside an output changes its neighbours, not itself)."""
+        if env["seq"] > self.max_seq or env.get("past", 0) > self.max_past:
+            raise ValueError(f"compiled for seq <= {self.max_seq}, past <= {self.max_past}")
+        check_feeds(self.graph, env, inputs, weights)
+        names = {("in_" + buffer_name("", k)): v for k, v in inputs.items()}
+        names.update({("w_" + buffer_name("", k)): v for k, v in weights.items()})
+        arena = np.zeros(self.arena_bytes + 64, np.uint8)
+        keep, pointers, outputs = [arena], [arena.ctypes.data], {}
+        for b in self.external:
+            if b["kind"] == "output":
+                node = self.graph.nodes[self.graph.outputs[self._output_name(b["name"])]]
+                shape = evaluate_shape(node.shape, env)
+                dtype = NP_DTYPES[node.dtype]
+                size = int(np.prod(shape, dtype=np.int64))
+                sentinel = np.frombuffer(b"\xa5" * np.dtype(dtype).itemsize, dtype)[0]
+                padded = np.full(size + 2 * guard, sentinel, dtype)
+                outputs[b["name"]] = (padded, shape, sentinel)
+                keep.append(padded)
+                pointers.append(padded.ctypes.data + guard * padded.itemsize)
+            else:
+                array = np.ascontiguousarray(names[b["name"]])
+                keep.append(array)
+                pointers.append(array.ctypes.data)
+        self.fn((ctypes.c_void_p * len(pointers))(*pointers), env["seq"], env.get("past", 0))
+        result = {}
+        for name, (padded, shape, sentinel) in outputs.items():
+            head, tail = padded[:guard], padded[len(padded) - guard:]
+            if not (np.array_equal(head.view(np.uint8), np.full(head.nbytes, 0xA5, np.uint8))
+                    and np.array_equal(tail.view(np.uint8), np.full(tail.nbytes, 0xA5, np.uint8))):
+                raise AssertionError(f"{self.graph.name}: a kernel wrote outside output {name}")
+            result[self._output_name(name)] = padded[guard:len(padded) - guard].reshape(shape).copy()
+        return result
+
+    def _output_name(self, buffer: str) -> str:
+        for name in self.graph.outputs:
+            if "out_" + buffer_name("", name) == buffer:
+                return name
+        raise KeyError(buffer)

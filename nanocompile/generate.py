@@ -1,0 +1,81 @@
+"""Writes a self-contained C source tree for a model: the generated C and header, the driver,
+an explicit source list, a CMakeLists.txt, and copies of runtime/ and cmake/.
+
+    python -m nanocompile.generate -m MODEL [--precision f32] --out DIR [--no-weights]
+    python -m nanocompile.generate --default-arch --out DIR     (what `pip install .` builds)
+
+With a model, the packed weights file is written as DIR/weights.bin for the C driver:
+    cmake -S DIR -B DIR/build && cmake --build DIR/build
+    DIR/build/<lib>_driver DIR/weights.bin 8
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from .compiler import DEFAULT_CHUNK, ModelModule, compile_model
+from .frontend.config import Qwen2Config
+
+DEFAULT_ARCH = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                           num_key_value_heads=2, vocab_size=151936, rope_theta=1_000_000.0,
+                           rms_norm_eps=1e-6, max_position_embeddings=32768)
+
+
+def write_tree(module: ModelModule, out: Path) -> dict[str, Path]:
+    """Writes every generated file (only those whose text changed) and the runtime; returns them."""
+    from .codegen.render import data_root, render_tree
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for name, text in render_tree(module).items():
+        path = out / name
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+        written[name] = path
+    root = data_root()
+    for sub in ("runtime", "cmake"):
+        dst = out / sub
+        dst.mkdir(exist_ok=True)
+        for src in sorted((root / sub).iterdir()):
+            if src.is_file() and (not (dst / src.name).exists() or (dst / src.name).read_bytes() != src.read_bytes()):
+                shutil.copyfile(src, dst / src.name)
+    return written
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m nanocompile.generate", description=__doc__.splitlines()[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("-m", "--model", help="'default', a GGUF file or a Hugging Face directory")
+    src.add_argument("--default-arch", action="store_true", help="Qwen2.5-0.5B's architecture, no weights")
+    ap.add_argument("--precision", default="f32", choices=["f32"])
+    ap.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="largest chunk of new tokens per pass")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--no-weights", action="store_true", help="do not write weights.bin")
+    args = ap.parse_args(argv)
+
+    from .errors import NanocompileError
+    try:
+        model = None
+        if args.default_arch:
+            cfg = DEFAULT_ARCH
+        else:
+            from .models import load_model
+            model = load_model(args.model)
+            cfg = model.config
+        module = compile_model(cfg, args.precision, args.chunk)
+        write_tree(module, args.out)
+        if model is not None and not args.no_weights:
+            from .pack import pack_weights
+            pack_weights(module, model.weights, args.out / "weights.bin")
+    except NanocompileError as e:
+        print(f"nanocompile.generate: error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.out} (lib{module.prefix.rstrip('_')}: {len(module.kernels)} kernels, "
+          f"arena {module.arena_bytes} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""The compiled backend: a whole-model shared library called through ctypes, one call per step.
+
+The library's fingerprint (config, precision, generator, target ISA) is checked against what
+this package would generate for the model, and its ISA against this CPU, before anything runs;
+the packed weights file's layout is checked by the library itself at init.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .compiler import ModelModule, compile_model
+from .errors import ContextFullError, InputError, ModelError, NanocompileError
+from .frontend.config import Qwen2Config
+from .session import check_n_ctx, check_tokens
+from .target import missing_flags
+
+NC_OK, NC_ERR_ARGUMENT, NC_ERR_TOKEN, NC_ERR_CONTEXT, NC_ERR_WEIGHTS, NC_ERR_MEMORY, NC_ERR_CPU = range(7)
+
+_c_int, _i32, _u64, _p, _s = ctypes.c_int, ctypes.c_int32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p
+SIGNATURES = {
+    "init": (_c_int, [ctypes.POINTER(_p), _p, _u64, _i32, _i32, _s, _u64]),
+    "step": (_c_int, [_p, _p, _i32, _p, _i32]),
+    "reset": (None, [_p]),
+    "free": (None, [_p]),
+    "past": (_i32, [_p]),
+    "n_ctx": (_i32, [_p]),
+    "threads": (_i32, [_p]),
+    "set_threads": (_c_int, [_p, _i32]),
+    "last_error": (_s, [_p]),
+    "fingerprint": (_s, []),
+    "layout_hash": (_s, []),
+    "workspace_size": (_u64, []),
+    "weights_size": (_u64, []),
+    "vocab_size": (_i32, []),
+    "max_chunk": (_i32, []),
+}
+
+
+class Library:
+    """A loaded model library with every exported symbol's argtypes and restype declared."""
+
+    def __init__(self, path: Path, prefix: str):
+        try:
+            self.cdll = ctypes.CDLL(str(path))
+        except OSError as e:
+            raise ModelError(f"{path}: cannot load the compiled library ({e})") from None
+        self.path = path
+        for name, (restype, argtypes) in SIGNATURES.items():
+            try:
+                fn = getattr(self.cdll, prefix + name)
+            except AttributeError:
+                raise ModelError(f"{path}: symbol {prefix + name} is missing; not a library for this model") from None
+            fn.restype, fn.argtypes = restype, argtypes
+            setattr(self, name, fn)
+
+    def fingerprint_dict(self) -> dict:
+        return json.loads(self.fingerprint().decode())
+
+
+def check_fingerprint(lib: Library, module: ModelModule) -> None:
+    got, want = lib.fingerprint_dict(), module.fingerprint
+    if got != want:
+        differ = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+        raise ModelError(f"{lib.path}: compiled for a different {', '.join(differ)} "
+                         f"(library: {[got.get(k) for k in differ]}, wanted: {[want.get(k) for k in differ]})")
+    missing = missing_flags(got.get("isa", []))
+    if missing:
+        raise ModelError(f"{lib.path}: compiled for {got.get('march')}, but this CPU lacks {', '.join(missing)}")
+
+
+class CompiledSession:
+    """Same interface as InterpreterSession, running the compiled whole-model library."""
+
+    backend_name = "compiled"
+
+    def __init__(self, config: Qwen2Config, weights: dict[str, np.ndarray], n_ctx: int = 4096, threads: int = 1,
+                 weights_key: str | None = None, progress: bool = False, library: tuple[Path, dict] | None = None,
+                 packed_path: Path | None = None):
+        """weights_key names the weights' source (see models.cache.source_key): with it, the packed
+        weights file is kept in the cache for the next run; without, it lives as long as the session."""
+        from .build import find_or_build
+        from .pack import pack_weights
+
+        self.config = config
+        self.n_ctx = check_n_ctx(n_ctx, config)
+        self.module = compile_model(config)
+        lib_path, manifest = library or find_or_build(self.module, _say if progress else None)
+        self.lib = Library(lib_path, manifest["prefix"])
+        check_fingerprint(self.lib, self.module)
+
+        self._tmp = None
+        if packed_path is None and weights_key is not None:
+            from .models.cache import cache_dir
+            packed_path = cache_dir() / "packed" / f"{weights_key}-{self.module.layout_hash[:16]}.bin"
+        if packed_path is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="nanocompile-")
+            packed_path = Path(self._tmp.name) / "weights.bin"
+        if not packed_path.exists():
+            bar = _bar(self.module.weights_bytes, "packing weights") if progress else None
+            try:
+                pack_weights(self.module, weights, packed_path, bar.update if bar else None)
+            finally:
+                if bar:
+                    bar.close()
+        self.packed_path = packed_path
+        self._weights = np.memmap(packed_path, dtype=np.uint8, mode="r")
+        self._handle = ctypes.c_void_p()
+        error = ctypes.create_string_buffer(512)
+        rc = self.lib.init(ctypes.byref(self._handle), self._weights.ctypes.data, self._weights.size,
+                           self.n_ctx, threads, error, len(error))
+        if rc != NC_OK:
+            message = error.value.decode(errors="replace")
+            if rc == NC_ERR_WEIGHTS:
+                raise ModelError(f"{packed_path}: {message}")
+            raise (InputError if rc == NC_ERR_ARGUMENT else NanocompileError)(message)
+        self.vocab = self.lib.vocab_size()
+        self._last = np.empty(self.vocab, np.float32)
+
+    @property
+    def past(self) -> int:
+        return self.lib.past(self._handle)
+
+    @property
+    def threads(self) -> int:
+        return self.lib.threads(self._handle)
+
+    def set_threads(self, n: int) -> None:
+        self._check(self.lib.set_threads(self._handle, n))
+
+    def reset(self) -> None:
+        self.lib.reset(self._handle)
+
+    def step(self, tokens, all_logits: bool = False) -> np.ndarray:
+        ids = np.ascontiguousarray(check_tokens(tokens, self.config.vocab_size))
+        out = np.empty((ids.size, self.vocab), np.float32) if all_logits else self._last
+        self._check(self.lib.step(self._handle, ids.ctypes.data, ids.size, out.ctypes.data, int(all_logits)))
+        return out if all_logits else out.copy()
+
+    def raw_step(self, ids: np.ndarray, out: np.ndarray, all_logits: bool = False) -> int:
+        """The library call alone, without Python's checks: for tests of the C side's own checks."""
+        return self.lib.step(self._handle, ids.ctypes.data, ids.size, out.ctypes.data, int(all_logits))
+
+    def _check(self, rc: int) -> None:
+        if rc == NC_OK:
+            return
+        message = self.lib.last_error(self._handle).decode(errors="replace")
+        if rc == NC_ERR_CONTEXT:
+            raise ContextFullError(message)
+        if rc in (NC_ERR_TOKEN, NC_ERR_ARGUMENT):
+            raise InputError(message)
+        raise NanocompileError(message)
+
+    def close(self) -> None:
+        if getattr(self, "_handle", None) and self._handle.value:
+            self.lib.free(self._handle)
+            self._handle = ctypes.c_void_p()
+        if getattr(self, "_tmp", None):
+            self._weights = None
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _say(message: str) -> None:
+    import sys
+    print(f"nanocompile: {message}", file=sys.stderr)
+
+
+def _bar(total: int, desc: str):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, leave=False)

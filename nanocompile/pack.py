@@ -1,0 +1,46 @@
+"""The packed weights file a compiled library reads: a 4096-byte header (magic, version, the
+layout hash), then every tensor in float32 at the offset the library was compiled with."""
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from .compiler import HEADER_BYTES, ModelModule
+from .errors import ModelError
+
+MAGIC = b"NCWEIGHT"
+VERSION = 1
+
+
+def header(module: ModelModule) -> bytes:
+    head = MAGIC + struct.pack("<IIQ", VERSION, HEADER_BYTES, module.weights_bytes) + module.layout_hash.encode()
+    return head + b"\0" * (HEADER_BYTES - len(head))
+
+
+def pack_weights(module: ModelModule, weights: dict[str, np.ndarray], dest: Path, progress=None) -> Path:
+    """Writes the packed file atomically (a temporary name, then a rename)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header(module))
+            for slot in module.weights:
+                if slot.name not in weights:
+                    raise ModelError(f"weight {slot.name!r} is missing")
+                array = np.ascontiguousarray(weights[slot.name], dtype=np.float32)
+                if array.shape != slot.shape:
+                    raise ModelError(f"weight {slot.name!r} has shape {list(array.shape)}, the library "
+                                     f"expects {list(slot.shape)}")
+                f.seek(slot.offset)
+                f.write(memoryview(array).cast("B"))
+                if progress:
+                    progress(slot.nbytes)
+            f.truncate(module.weights_bytes)
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return dest

@@ -1,0 +1,42 @@
+"""The machine the code is compiled for: x86-64 microarchitecture level and ISA flags."""
+from __future__ import annotations
+
+import functools
+import platform
+from pathlib import Path
+
+# x86-64 microarchitecture levels (the psABI's) by the flags /proc/cpuinfo shows for them
+LEVELS = [
+    ("x86-64-v4", {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}),
+    ("x86-64-v3", {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "abm"}),
+    ("x86-64-v2", {"sse4_1", "sse4_2", "ssse3", "popcnt", "cx16"}),
+]
+REPORTED = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16")
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def detect_march(flags: frozenset[str] | None = None) -> tuple[str, list[str]]:
+    """The highest level this CPU has, and the flags that level requires."""
+    flags = cpu_flags() if flags is None else flags
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return "native", []
+    march, required = "x86-64", set()
+    for name, need in reversed(LEVELS):  # v2, then v3, then v4: each includes the one before
+        if not need <= flags:
+            break
+        march, required = name, required | need
+    return march, sorted(required)
+
+
+def missing_flags(required) -> list[str]:
+    return sorted(set(required) - cpu_flags())
