@@ -40,3 +40,61 @@ def real_session(real_model):
 def isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("NANOCOMPILE_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
+
+
+REAL_PROMPTS = {
+    "code": "def quicksort(arr):\n",
+    "english": "The three laws of thermodynamics are",
+    "chat": None,  # a chat-templated question, rendered with the model's template
+}
+N_TOKENS = 32
+
+
+def real_prompt_ids(model, name):
+    tok = model.tokenizer
+    if name == "chat":
+        return tok.encode(tok.render_chat([{"role": "user", "content": "Write a haiku about compilers."}]))
+    return tok.encode(REAL_PROMPTS[name])
+
+
+def greedy_run(session, ids, n):
+    """Greedy tokens and the logits before each of them, on a nanocompile session."""
+    import numpy as np
+
+    session.reset()
+    prompt_logits = session.step(ids, all_logits=True)
+    logits, tokens, steps = prompt_logits[-1], [], []
+    for _ in range(n):
+        steps.append(logits)
+        tokens.append(int(np.argmax(logits)))
+        logits = session.step([tokens[-1]])
+    return {"tokens": tokens, "step_logits": steps, "prompt_logits": prompt_logits}
+
+
+@pytest.fixture(scope="session")
+def real_reference(real_model, real_oracle, real_session):
+    """Per prompt, computed once: transformers' greedy run (tokens, logits, cache) and the
+    interpreter's (tokens, logits, cache)."""
+    from oracle import oracle_greedy, oracle_logits
+
+    runs = {}
+
+    def get(name):
+        if name not in runs:
+            ids = real_prompt_ids(real_model, name)
+            tokens, cache, logits = oracle_greedy(real_oracle, ids, N_TOKENS, return_logits=True)
+            interp = greedy_run(real_session, ids, N_TOKENS)
+            interp["cache"] = dict(real_session.cache)
+            runs[name] = {"ids": ids, "oracle": {"tokens": tokens, "step_logits": logits, "cache": cache,
+                                                 "prompt_logits": oracle_logits(real_oracle, ids)},
+                          "interp": interp}
+        return runs[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def real_compiled(real_model):
+    from nanocompile.session import open_session
+
+    return open_session(real_model, "compiled", n_ctx=512, threads=2)

@@ -22,7 +22,8 @@ def test_ids_match_greedy_interpreter_on_real_model(real_model, real_session):
     want = generate(real_session, ids, 8, set(real_model.tokenizer.eos_ids)).tokens
     r = _run("-p", "def add(a, b):", "-n", "8", "--ids")
     assert [int(t) for t in r.stdout.split()] == want
-    r = _run("--prompt-ids", " ".join(map(str, ids)), "-n", "8", "--ids")
+    assert "backend compiled" in r.stderr  # the default
+    r = _run("--prompt-ids", " ".join(map(str, ids)), "-n", "8", "--ids", "--backend", "interp")
     assert [int(t) for t in r.stdout.split()] == want
     assert "tok/s" in r.stderr and "prompt:" in r.stderr and "backend interp" in r.stderr
 

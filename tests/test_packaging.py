@@ -1,0 +1,29 @@
+"""`pip install .` ships the default architecture's compiled library, and what is needed to
+compile any other config later."""
+from pathlib import Path
+
+import nanocompile
+from nanocompile.build import find_or_build, packaged_manifests
+from nanocompile.compiler import compile_model
+from nanocompile.generate import DEFAULT_ARCH
+
+
+def test_default_library_is_in_the_wheel():
+    shipped = packaged_manifests()
+    assert len(shipped) == 1
+    manifest, directory = shipped[0]
+    assert directory == Path(nanocompile.__file__).parent / "lib"
+    module = compile_model(DEFAULT_ARCH)
+    assert manifest["fingerprint"] == module.fingerprint
+    path, _ = find_or_build(module)
+    assert path.parent == directory  # used as shipped, not rebuilt
+
+
+def test_wheel_carries_templates_runtime_and_cmake():
+    root = Path(nanocompile.__file__).parent
+    for f in ("templates/model.c.j2", "templates/kernel.c.j2", "runtime/nc_runtime.c", "cmake/nanocompile.cmake"):
+        assert (root / f).is_file(), f
+
+
+def test_real_model_uses_the_shipped_library(real_model, real_compiled):
+    assert real_compiled.lib.path.parent == Path(nanocompile.__file__).parent / "lib"
