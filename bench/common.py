@@ -33,7 +33,10 @@ def machine() -> dict:
     except OSError:
         pass
     import numpy
+
+    import nanocompile
     info["numpy"] = numpy.__version__
+    info["nanocompile"] = nanocompile.__file__
     try:
         from threadpoolctl import threadpool_info  # optional: what BLAS really uses
         info["blas"] = [{"api": p.get("internal_api"), "threads": p.get("num_threads")} for p in threadpool_info()]

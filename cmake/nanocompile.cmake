@@ -4,10 +4,12 @@
 #   nanocompile_add_driver(<target> <source> <model target>)
 #
 # Options: NANOCOMPILE_SANITIZE (AddressSanitizer + UndefinedBehaviorSanitizer),
-#          NANOCOMPILE_TSAN (ThreadSanitizer). CMAKE_BUILD_TYPE defaults to Release.
+#          NANOCOMPILE_TSAN (ThreadSanitizer), NANOCOMPILE_PROFILE (time each kernel call).
+# CMAKE_BUILD_TYPE defaults to Release.
 
 option(NANOCOMPILE_SANITIZE "Build with AddressSanitizer and UndefinedBehaviorSanitizer" OFF)
 option(NANOCOMPILE_TSAN "Build with ThreadSanitizer" OFF)
+option(NANOCOMPILE_PROFILE "Time every kernel call (exports <prefix>profile_*)" OFF)
 
 if(NOT CMAKE_BUILD_TYPE AND NOT CMAKE_CONFIGURATION_TYPES)
   set(CMAKE_BUILD_TYPE Release CACHE STRING "Build type" FORCE)
@@ -21,6 +23,9 @@ function(_nanocompile_flags target march)
   target_compile_options(${target} PRIVATE -ffp-contract=off -fno-fast-math -Wall -Wextra)
   if(march)
     target_compile_options(${target} PRIVATE -march=${march} -mtune=native)
+  endif()
+  if(NANOCOMPILE_PROFILE)
+    target_compile_definitions(${target} PRIVATE NC_PROFILE)
   endif()
   if(NANOCOMPILE_SANITIZE)
     target_compile_options(${target} PRIVATE -fsanitize=address,undefined -fno-sanitize-recover=all

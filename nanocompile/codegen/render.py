@@ -62,9 +62,10 @@ def _variant_data(module: ModelModule, name: str) -> dict:
         arena.append({"name": b.name, "ctype": C_TYPES[b.dtype], "offset": slot.offset,
                       "note": f"{b.note}, {slot.size} bytes at most, calls {slot.first}..{slot.last}"})
     calls = []
+    kernel_ids = {name: i for i, name in enumerate(module.kernels)}
     for call in prog.calls:
         args = [_arg(a, prog.buffers[a].kind) for a in call.args]
-        calls.append({"kernel": call.kernel, "args": args})
+        calls.append({"kernel": call.kernel, "kernel_id": kernel_ids[call.kernel], "args": args})
     return {"name": name, "arena": arena, "calls": calls, "arena_bytes": plan.arena_bytes,
             "has_logits": "logits" in prog.buffers}
 

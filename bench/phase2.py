@@ -1,0 +1,202 @@
+"""Phase 2: the compiled whole-model library (naive loops, one kernel per primitive) against the
+interpreter and transformers eager, all float32 on the same weights, two threads each.
+
+Engines alternate inside one process, the order rotating every round. Also: the work counted
+from the loop IR, compile time cold and cached, and a per-kernel profile of one prefill and one
+decode step from a profiling build of the same library.
+
+    python -m bench.phase2 [--rounds 3] [--prompt 32] [--decode 16]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import THREADS, append, pin_threads, sign_test, summary
+
+pin_threads()
+
+
+def work_report(module) -> dict:
+    from nanocompile.compiler import count_calls
+    from nanocompile.loopir.work import bytes_per_run
+
+    poly = bytes_per_run(module.variants["last"])
+    counts = count_calls(module, "last")
+    plan = module.plans["last"]
+    return {"bytes_polynomial": str(poly), "bytes_decode_past_128": poly.evaluate({"seq": 1, "past": 128}),
+            "calls_per_step": counts["calls"], "distinct_kernels_in_step": counts["distinct_kernels"],
+            "distinct_kernels_in_library": len(module.kernels),
+            "arena_bytes": plan.arena_bytes, "arena_bytes_without_reuse": plan.unshared_bytes}
+
+
+def compile_times(module) -> dict:
+    from nanocompile.build import cmake_build, find_or_build
+    from nanocompile.compiler import compile_model
+    from nanocompile.generate import write_tree
+
+    with tempfile.TemporaryDirectory() as d:
+        t0 = time.perf_counter()
+        m = compile_model(module.config)
+        write_tree(m, Path(d) / "tree")
+        t1 = time.perf_counter()
+        cmake_build(Path(d) / "tree", Path(d) / "build")
+        t2 = time.perf_counter()
+    t3 = time.perf_counter()
+    find_or_build(compile_model(module.config))
+    t4 = time.perf_counter()
+    return {"generate_s": t1 - t0, "cmake_build_s": t2 - t1, "cold_s": t2 - t0, "cached_s": t4 - t3}
+
+
+def profile(model, prompt, module) -> dict:
+    """Per-kernel times of one prefill and one decode step, from a NANOCOMPILE_PROFILE build."""
+    import numpy as np
+
+    from nanocompile.build import cmake_build
+    from nanocompile.codegen.render import render_tree
+    from nanocompile.generate import write_tree
+    from nanocompile.library import CompiledSession
+
+    d = Path(tempfile.mkdtemp(prefix="nc-profile-"))
+    write_tree(module, d / "tree")
+    manifest = json.loads(render_tree(module)["manifest.json"])
+    cmake_build(d / "tree", d / "build", {"NANOCOMPILE_PROFILE": "ON"}, target=manifest["library"])
+    lib_path = d / "build" / f"lib{manifest['library']}.so"
+    s = CompiledSession(model.config, model.weights, n_ctx=len(prompt) + 8, threads=THREADS,
+                        weights_key=model.key, library=(lib_path, manifest))
+    p = manifest["prefix"]
+    lib = s.lib.cdll
+    for name, res in (("profile_kernels", ctypes.c_int32), ("profile_name", ctypes.c_char_p),
+                      ("profile_ns", ctypes.c_uint64), ("profile_calls", ctypes.c_uint64)):
+        getattr(lib, p + name).restype = res
+    getattr(lib, p + "profile_name").argtypes = [ctypes.c_int32]
+    getattr(lib, p + "profile_ns").argtypes = [ctypes.c_int32]
+    getattr(lib, p + "profile_calls").argtypes = [ctypes.c_int32]
+
+    def measure(tokens):
+        getattr(lib, p + "profile_reset")()
+        t0 = time.perf_counter()
+        logits = s.step(tokens)
+        wall = time.perf_counter() - t0
+        by_kernel = {}
+        for i in range(getattr(lib, p + "profile_kernels")()):
+            calls = getattr(lib, p + "profile_calls")(i)
+            if calls:
+                name = getattr(lib, p + "profile_name")(i).decode()
+                by_kernel[name] = {"ns": getattr(lib, p + "profile_ns")(i), "calls": calls}
+        inside = sum(k["ns"] for k in by_kernel.values()) / 1e9
+        matmul = sum(k["ns"] for n, k in by_kernel.items() if n.startswith("matmul")) / 1e9
+        top = sorted(by_kernel.items(), key=lambda kv: -kv[1]["ns"])[:8]
+        return logits, {"wall_s": wall, "matmul_s": matmul, "other_kernels_s": inside - matmul,
+                        "outside_s": wall - inside, "calls": sum(k["calls"] for k in by_kernel.values()),
+                        "top": [{"kernel": n, "ms": k["ns"] / 1e6, "calls": k["calls"]} for n, k in top]}
+
+    logits, prefill = measure(prompt)
+    _, decode = measure([int(np.argmax(logits))])
+    s.close()
+    return {"prefill": prefill, "decode": decode}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--decode", type=int, default=16)
+    args = ap.parse_args()
+
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(THREADS)
+    sys.path.insert(0, "tests")
+    from oracle import build_oracle
+
+    from nanocompile.compiler import compile_model
+    from nanocompile.models import load_model
+    from nanocompile.session import InterpreterSession, open_session
+
+    model = load_model("default", progress=False)
+    module = compile_model(model.config)
+    work = work_report(module)
+    compile_t = compile_times(module)
+    rng = np.random.default_rng(0)
+    prompt = [int(t) for t in rng.integers(0, 150000, args.prompt)]
+    prof = profile(model, prompt, module)
+
+    n_ctx = args.prompt + args.decode + 1
+    compiled = open_session(model, "compiled", n_ctx=n_ctx, threads=THREADS)
+    interp = InterpreterSession(model.config, model.weights, n_ctx=n_ctx)
+    oracle = build_oracle(model.config, model.weights)
+
+    def run_session(session):
+        session.reset()
+        t0 = time.perf_counter()
+        logits = session.step(prompt)
+        prefill = time.perf_counter() - t0
+        steps = []
+        for _ in range(args.decode):
+            s0 = time.perf_counter()
+            logits = session.step([int(np.argmax(logits))])
+            steps.append(time.perf_counter() - s0)
+        return prefill, steps
+
+    def run_torch():
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            out = oracle(torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
+            prefill = time.perf_counter() - t0
+            cache, steps = out.cache, []
+            for _ in range(args.decode):
+                s0 = time.perf_counter()
+                out = oracle(torch.tensor([[int(out.logits[0, -1].argmax())]]), cache=cache, use_cache=True)
+                cache = out.cache
+                steps.append(time.perf_counter() - s0)
+        return prefill, steps
+
+    engines = {"compiled": lambda: run_session(compiled), "interpreter": lambda: run_session(interp),
+               "transformers": run_torch}
+    prefill = {k: [] for k in engines}
+    decode = {k: [] for k in engines}
+    per_round = {k: [] for k in engines}
+    for r in range(args.rounds):
+        names = list(engines)
+        order = names[r % 3:] + names[:r % 3]
+        for name in order:
+            p, steps = engines[name]()
+            prefill[name].append(p)
+            decode[name].extend(steps)
+            per_round[name].append(float(np.median(steps)))
+
+    results = {}
+    print(f"phase 2, {THREADS} threads, {args.rounds} rounds, prompt {args.prompt}, decode {args.decode}")
+    for name in engines:
+        p, d = summary(prefill[name]), summary(decode[name])
+        results[name] = {"prefill_s": p, "decode_step_s": d, "pp_tok_s": args.prompt / p["median"],
+                         "tg_tok_s": 1 / d["median"]}
+        print(f"  {name:12} prefill {p['median'] * 1e3:9.1f} ms (min {p['min'] * 1e3:9.1f}) "
+              f"{args.prompt / p['median']:7.2f} tok/s | decode step {d['median'] * 1e3:8.1f} ms "
+              f"(min {d['min'] * 1e3:8.1f}, max {d['max'] * 1e3:8.1f}) {1 / d['median']:6.2f} tok/s")
+    ratio = results["compiled"]["decode_step_s"]["median"] / results["interpreter"]["decode_step_s"]["median"]
+    wins = sum(a < b for a, b in zip(per_round["compiled"], per_round["interpreter"]))
+    print(f"  compiled / interpreter decode time: {ratio:.2f}x; compiled faster in {wins} of {args.rounds} rounds "
+          f"(sign test p = {sign_test(wins, args.rounds):.3f})")
+    print(f"work: {json.dumps(work)}")
+    print(f"compile: {json.dumps(compile_t)}")
+    for phase in ("prefill", "decode"):
+        q = prof[phase]
+        print(f"profile {phase}: wall {q['wall_s'] * 1e3:.1f} ms = matmul {q['matmul_s'] * 1e3:.1f} + other kernels "
+              f"{q['other_kernels_s'] * 1e3:.1f} + outside {q['outside_s'] * 1e3:.2f} ms, {q['calls']} calls")
+        for t in q["top"][:5]:
+            print(f"    {t['kernel']:40} {t['ms']:9.2f} ms  {t['calls']} calls")
+    append({"bench": "phase2", "rounds": args.rounds, "prompt_tokens": args.prompt, "decode_tokens": args.decode,
+            "engines": results, "compiled_over_interp_decode": ratio, "compiled_decode_wins": wins,
+            "work": work, "compile": compile_t, "profile": prof})
+
+
+if __name__ == "__main__":
+    main()
