@@ -1,7 +1,8 @@
 """The compiler driver: a Qwen2 config in, one whole-model module out.
 
-    graph (frontend) -> loop IR (lower) -> memory plan -> module
+    graph (frontend) -> cse -> fold_constants -> plan_fusion -> loop IR (lower) -> memory plan
         for each forward variant: logits of the last row, of all rows, or none
+    fuse=False stops after the frontend: one kernel per primitive (the phase 2 baseline)
 
 The variants share kernels: a kernel is its loop IR, and equal loop IR is one C function.
 """
@@ -21,6 +22,9 @@ from .ir.expr import Expr
 from .loopir.ir import Kernel, Program
 from .loopir.lower import lower
 from .loopir.plan import MemoryPlan, plan_memory
+from .passes.cse import cse
+from .passes.fold import fold_constants
+from .passes.fusion import plan_fusion
 from .target import detect_march
 
 GENERATOR = f"nanocompile {__version__} codegen 1"
@@ -45,6 +49,7 @@ class ModelModule:
     max_chunk: int
     march: str
     isa: list[str]
+    fused: bool = True
     kernels: dict[str, Kernel] = field(default_factory=dict)
     variants: dict[str, Program] = field(default_factory=dict)
     plans: dict[str, MemoryPlan] = field(default_factory=dict)
@@ -59,7 +64,7 @@ class ModelModule:
     @property
     def fingerprint(self) -> dict:
         return {"generator": GENERATOR, "config": json.loads(self.config.to_json()), "precision": self.precision,
-                "max_chunk": self.max_chunk, "march": self.march, "isa": self.isa}
+                "max_chunk": self.max_chunk, "march": self.march, "isa": self.isa, "fused": self.fused}
 
     @property
     def fingerprint_json(self) -> str:
@@ -78,7 +83,8 @@ class ModelModule:
     def layout_hash(self) -> str:
         """Identifies the packed weights file layout this library reads."""
         table = [(w.name, w.shape, w.offset, w.nbytes) for w in self.weights]
-        return hashlib.sha256(json.dumps([self.fingerprint_json, table]).encode()).hexdigest()
+        what = [json.loads(self.config.to_json()), self.precision, table]  # not the kernels: fused or not, same file
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
     @property
     def arena_bytes(self) -> int:
@@ -120,8 +126,14 @@ def _weight_layout(cfg: Qwen2Config, prog: Program) -> list[WeightSlot]:
     return slots
 
 
+def optimize(graph):
+    """The graph passes, in order; returns the graph and its fusion plan."""
+    graph = fold_constants(cse(graph))
+    return graph, plan_fusion(graph)
+
+
 def compile_model(cfg: Qwen2Config, precision: str = "f32", max_chunk: int = DEFAULT_CHUNK,
-                  march: str | None = None) -> ModelModule:
+                  march: str | None = None, fuse: bool = True) -> ModelModule:
     if precision != "f32":
         raise ValueError(f"precision {precision!r} is not supported yet (f32)")
     detected, isa = detect_march()
@@ -129,9 +141,12 @@ def compile_model(cfg: Qwen2Config, precision: str = "f32", max_chunk: int = DEF
     # float32's precision (1e-6 in config.json, its float32 in a GGUF) are one library
     cfg = dataclasses.replace(cfg, rms_norm_eps=float(np.float32(cfg.rms_norm_eps)),
                               rope_theta=float(np.float32(cfg.rope_theta)))
-    module = ModelModule(cfg, precision, max_chunk, march or detected, isa if march is None else [])
+    module = ModelModule(cfg, precision, max_chunk, march or detected, isa if march is None else [], fuse)
     for logits in LOGITS:
-        prog = lower(build_qwen2(cfg, logits=logits), f"forward_{logits}")
+        graph, plan = build_qwen2(cfg, logits=logits), None
+        if fuse:
+            graph, plan = optimize(graph)
+        prog = lower(graph, f"forward_{logits}", plan=plan)
         _link(module, prog)
         module.variants[logits] = prog
         module.plans[logits] = plan_memory(prog, max_chunk, cfg.max_position_embeddings)

@@ -38,6 +38,7 @@ SIGNATURES = {
     "weights_size": (_u64, []),
     "vocab_size": (_i32, []),
     "max_chunk": (_i32, []),
+    "read_cache": (_c_int, [_p, _i32, _i32, _p]),
 }
 
 
@@ -80,15 +81,16 @@ class CompiledSession:
 
     def __init__(self, config: Qwen2Config, weights: dict[str, np.ndarray], n_ctx: int = 4096, threads: int = 1,
                  weights_key: str | None = None, progress: bool = False, library: tuple[Path, dict] | None = None,
-                 packed_path: Path | None = None):
+                 packed_path: Path | None = None, fuse: bool = True):
         """weights_key names the weights' source (see models.cache.source_key): with it, the packed
-        weights file is kept in the cache for the next run; without, it lives as long as the session."""
+        weights file is kept in the cache for the next run; without, it lives as long as the session.
+        fuse=False builds the unfused library (one kernel per primitive): fusion's baseline."""
         from .build import find_or_build
         from .pack import pack_weights
 
         self.config = config
         self.n_ctx = check_n_ctx(n_ctx, config)
-        self.module = compile_model(config)
+        self.module = compile_model(config, fuse=fuse)
         lib_path, manifest = library or find_or_build(self.module, _say if progress else None)
         self.lib = Library(lib_path, manifest["prefix"])
         check_fingerprint(self.lib, self.module)
@@ -140,6 +142,16 @@ class CompiledSession:
         out = np.empty((ids.size, self.vocab), np.float32) if all_logits else self._last
         self._check(self.lib.step(self._handle, ids.ctypes.data, ids.size, out.ctypes.data, int(all_logits)))
         return out if all_logits else out.copy()
+
+    def read_cache(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """Layer's cached keys and values, [kv_heads, past, head_dim] like the graph's cache."""
+        cfg = self.config
+        out = []
+        for kv in (0, 1):
+            rows = np.empty((self.past, cfg.num_key_value_heads, cfg.head_dim), np.float32)
+            self._check(self.lib.read_cache(self._handle, layer, kv, rows.ctypes.data))
+            out.append(rows.transpose(1, 0, 2).copy())
+        return out[0], out[1]
 
     def raw_step(self, ids: np.ndarray, out: np.ndarray, all_logits: bool = False) -> int:
         """The library call alone, without Python's checks: for tests of the C side's own checks."""

@@ -61,3 +61,25 @@ def test_long_prompt_runs_in_chunks_bitwise_equal_to_single_steps():
     last = CompiledSession(cfg, w, n_ctx=200).step(ids)  # the logits="none" variant for early chunks
     assert np.array_equal(last, rows[-1])
     assert chunked.past == single.past == 150
+
+
+def test_real_model_fused_is_bitwise_unfused(real_model, real_compiled):
+    """The shipped (fused) library against the phase 2 library, one kernel per primitive: the
+    prompt, four cached steps and the KV cache, bit for bit."""
+    from conftest import real_prompt_ids
+
+    unfused = CompiledSession(real_model.config, real_model.weights, n_ctx=64, weights_key=real_model.key,
+                              fuse=False)
+    assert real_compiled.module.fused and not unfused.module.fused
+    ids = real_prompt_ids(real_model, "code")
+    real_compiled.reset()
+    a, b = real_compiled.step(ids, all_logits=True), unfused.step(ids, all_logits=True)
+    assert np.array_equal(a, b)
+    token = int(np.argmax(a[-1]))
+    for _ in range(4):
+        a, b = real_compiled.step([token]), unfused.step([token])
+        assert np.array_equal(a, b)
+        token = int(np.argmax(a))
+    for layer in (0, 11, 23):
+        for x, y in zip(real_compiled.read_cache(layer), unfused.read_cache(layer)):
+            assert x.shape == (2, len(ids) + 4, 64) and np.array_equal(x, y)

@@ -29,8 +29,12 @@ CFLAGS = ["-O2", "-ffp-contract=off", "-fno-fast-math", "-march=native", "-share
 ENTRY = "nc_graph_run"
 
 
-def render_graph(graph: Graph, max_seq: int = 16, max_past: int = 16) -> tuple[str, list[dict], int]:
-    prog = lower(graph, graph.name, model=False)
+def render_graph(graph: Graph, max_seq: int = 16, max_past: int = 16, fuse: bool = False) -> tuple[str, list[dict], int]:
+    fusion = None
+    if fuse:
+        from ..compiler import optimize
+        graph, fusion = optimize(graph)
+    prog = lower(graph, graph.name, model=False, plan=fusion)
     plan = plan_memory(prog, max_seq, max_past)
     external = [b for b in prog.buffers.values() if b.kind in ("input", "weight", "output")]
     external.sort(key=lambda b: ({"input": 0, "weight": 1, "output": 2}[b.kind], b.name))
@@ -52,10 +56,11 @@ def render_graph(graph: Graph, max_seq: int = 16, max_past: int = 16) -> tuple[s
 
 
 class GraphLibrary:
-    def __init__(self, graph: Graph, max_seq: int = 16, max_past: int = 16, cache: Path | None = None):
+    def __init__(self, graph: Graph, max_seq: int = 16, max_past: int = 16, cache: Path | None = None,
+                 fuse: bool = False):
         self.graph = graph
         self.max_seq, self.max_past = max_seq, max_past
-        self.source, self.external, self.arena_bytes = render_graph(graph, max_seq, max_past)
+        self.source, self.external, self.arena_bytes = render_graph(graph, max_seq, max_past, fuse)
         digest = hashlib.sha256(self.source.encode()).hexdigest()[:24]
         directory = cache or Path(tempfile.gettempdir()) / f"nanocompile-graphs-{os.getuid()}"
         directory.mkdir(parents=True, exist_ok=True)

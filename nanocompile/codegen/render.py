@@ -12,8 +12,8 @@ from pathlib import Path
 import jinja2
 
 from ..compiler import ModelModule
-from ..loopir.ir import DTYPE_BYTES, format_kernel
-from .cexpr import C_TYPES, float_literal, poly, statements
+from ..loopir.ir import format_kernel
+from .cexpr import C_TYPES, float_literal, statements
 
 DATA_DIRS = ("templates", "runtime", "cmake")
 

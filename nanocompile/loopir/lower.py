@@ -11,9 +11,11 @@ not depend on n_ctx: the graph's cache input [kv_heads, past, head_dim] is a vie
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from ..ir.expr import Expr, product
 from ..ir.graph import Graph, Node
+from ..ir.ops import MOVEMENT
 from . import views as V
 from .ir import (Acc, AccInit, AccUpdate, Bin, Call, Cast, FConst, IConst, Kernel, Load, Loop, Param, Poly,
                  Program, Select, Store, Un, Buffer, Var)
@@ -93,29 +95,254 @@ class KernelBuilder:
         return Load(p, index_of(view.offset, zip(indices, view.strides)))
 
 
-def nest(shape, body_fn, prefix: str = "i") -> tuple:
-    """Loops over shape (outermost first); body_fn gets the loop variables. An axis of size 1
-    gets no loop: its index is the constant 0."""
-    vars_ = [IConst(0) if shape[a] == 1 else Var(f"{prefix}{a}") for a in range(len(shape))]
-    body = tuple(body_fn(vars_))
-    for a in reversed(range(len(shape))):
-        if isinstance(vars_[a], Var):
-            body = (Loop(vars_[a].name, extent(shape[a]), body),)
-    return body
+@dataclass(frozen=True)
+class Inline:
+    """A value computed where it is used, at the index it is used at (fusion)."""
+    node: int
+    shape: tuple
+
+
+@dataclass(frozen=True)
+class Mapped:
+    """A movement op over a value that strides cannot express: an inline value, or a reshape no
+    view can express. Loading it maps the index and loads the source."""
+    src: object
+    shape: tuple
+    kind: str
+    attrs: tuple = ()
+
+
+def _vars_of(e) -> set[str]:
+    if isinstance(e, Var):
+        return {e.name}
+    out = set()
+    for f in ("a", "b", "cond", "index"):
+        if hasattr(e, f):
+            out |= _vars_of(getattr(e, f))
+    return out
+
+
+def _const_or_poly(e: Expr):
+    return IConst(e.as_int()) if e.is_const else Poly(e)
+
+
+def _unravel(idx, shape, src_shape) -> list:
+    """The source index of a reshape, group by group: axes that only gain or lose size-1 axes map
+    one to one, and a split or merge divides within its own group, not over the whole flat index."""
+    new = [(i, d) for i, d in zip(idx, shape) if d != 1]
+    old_axes = [a for a, d in enumerate(src_shape) if d != 1]
+    out = [IConst(0)] * len(src_shape)
+    i = j = 0
+    old_sizes = [src_shape[a] for a in old_axes]
+    while i < len(old_axes) and j < len(new):
+        match = V._matching_group([(d, None) for d in old_sizes], i, [d for _, d in new], j)
+        if match is None:
+            raise LoweringError(f"reshape {list(src_shape)} -> {list(shape)} has no axis grouping")
+        i2, j2 = match
+        group = new[j:j2]
+        flat = index_of(Expr.of(0), zip([g for g, _ in group], V.contiguous_strides([d for _, d in group])))
+        sizes = old_sizes[i:i2]
+        for k, (a, cs) in enumerate(zip(old_axes[i:i2], V.contiguous_strides(sizes))):
+            e = flat if cs == 1 else Bin("/", flat, _const_or_poly(cs))
+            if k > 0:
+                e = Bin("%", e, _const_or_poly(sizes[k]))
+            out[a] = e
+        i, j = i2, j2
+    return out
+
+
+class Level:
+    """One loop of a kernel's nest (var None: the kernel's top level) and the statements that run
+    in it before its inner loop."""
+
+    def __init__(self, var: str | None, extent=None):
+        self.var, self.extent, self.stmts = var, extent, []
+
+
+class KernelBody:
+    """Builds one kernel's loop nest: the root's value at every output index, with inlined
+    producers computed in place, loop-invariant values hoisted to the loop they depend on, and
+    reductions as accumulator loops at that level."""
+
+    def __init__(self, lowering: "Lowering", kb: KernelBuilder, shape):
+        self.low, self.kb = lowering, kb
+        self.levels = [Level(None)]
+        self.index = []
+        for a, d in enumerate(shape):
+            if d == 1:
+                self.index.append(IConst(0))
+            else:
+                self.levels.append(Level(f"i{a}", extent(d)))
+                self.index.append(Var(f"i{a}"))
+        self.stack = list(self.levels)
+        self.memo: dict = {}
+        self.counter = {"k": 0, "r": 0, "acc": 0, "v": 0}
+
+    def fresh(self, kind: str) -> str:
+        n = self.counter[kind]
+        self.counter[kind] += 1
+        return kind if n == 0 else f"{kind}{n}"
+
+    def _level_for(self, exprs) -> int:
+        used = set()
+        for e in exprs:
+            used |= _vars_of(e)
+        depth = 0
+        for d, lvl in enumerate(self.stack):
+            if lvl.var in used:
+                depth = d
+        return depth
+
+    def assemble(self, store) -> tuple:
+        self.levels[-1].stmts.append(store)
+        body = self.levels[-1].stmts
+        for k in range(len(self.levels) - 1, 0, -1):
+            lvl = self.levels[k]
+            body = self.levels[k - 1].stmts + [Loop(lvl.var, lvl.extent, tuple(body))]
+        return tuple(body)
+
+    # values ----------------------------------------------------------------------------------------
+    def load(self, value, dtype: str, idx) -> object:
+        if isinstance(value, V.View):
+            return self.kb.load(value, dtype, idx)
+        if isinstance(value, Mapped):
+            return self.load(value.src, dtype, self._map(value, idx))
+        if isinstance(value, Inline):
+            return self.inline(value.node, tuple(idx))
+        raise LoweringError(f"cannot load {value!r}")
+
+    def _map(self, m: Mapped, idx) -> list:
+        src_shape = m.src.shape
+        if m.kind == "permute":
+            out = [None] * len(idx)
+            for k, p in enumerate(m.attrs):
+                out[p] = idx[k]
+            return out
+        if m.kind == "broadcast":
+            return [IConst(0) if s == 1 and d != 1 else i for i, s, d in zip(idx, src_shape, m.shape)]
+        if m.kind == "slice":
+            axis, start = m.attrs
+            out = list(idx)
+            if start != 0:
+                out[axis] = Bin("+", out[axis], IConst(start.as_int()) if start.is_const else Poly(start))
+            return out
+        if m.kind == "reshape":
+            return _unravel(idx, m.shape, src_shape)
+        raise LoweringError(f"unknown mapping {m.kind}")
+
+    def inline(self, node: int, idx: tuple) -> object:
+        key = (node, idx)
+        if key in self.memo:
+            value, level = self.memo[key]
+            if level in self.stack:
+                return value
+        depth = self._level_for(idx)
+        saved = self.stack
+        self.stack = self.stack[:depth + 1]
+        try:
+            value = self.compute(self.low.g.nodes[node], list(idx))
+            n = self.low.g.nodes[node]
+            if depth < len(saved) - 1 and not isinstance(value, (Acc, Load, IConst, FConst)):
+                name = self.fresh("v")  # invariant in the inner loops: computed once, here
+                self.stack[-1].stmts.append(AccInit(name, n.dtype, value))
+                value = Acc(name)
+        finally:
+            self.stack = saved
+        self.memo[key] = (value, saved[depth])
+        return value
+
+    def reduction(self, init, body_fn, extent_, kind: str, var_kind: str, depth_exprs) -> Acc:
+        """An accumulator loop at the level its index depends on; body_fn(var) is one term."""
+        depth = self._level_for(depth_exprs)
+        saved = self.stack
+        owner = saved[depth]
+        var = self.fresh(var_kind)
+        acc = self.fresh("acc")
+        inner = Level(var, extent_)
+        self.stack = saved[:depth + 1] + [inner]
+        try:
+            term = body_fn(Var(var))
+            update = Bin("+", Acc(acc), term) if kind == "sum" else term
+            inner.stmts.append(AccUpdate(acc, update, kind))
+        finally:
+            self.stack = saved
+        owner.stmts.append(AccInit(acc, "f32", FConst(0.0) if kind == "sum" else FConst(float("-inf"))))
+        owner.stmts.append(Loop(var, extent_, tuple(inner.stmts)))
+        return Acc(acc)
+
+    # what a node computes ------------------------------------------------------------------------
+    def compute(self, n: Node, idx: list) -> object:
+        low = self.low
+        args = [low.values[a] for a in n.args]
+        dts = [low.g.nodes[a].dtype for a in n.args]
+        if n.op in BINARY:
+            return Bin(BINARY[n.op], self.load(args[0], dts[0], idx), self.load(args[1], dts[1], idx))
+        if n.op in UNARY:
+            return Un(n.op, self.load(args[0], dts[0], idx))
+        if n.op == "where":
+            return Select(*(self.load(a, d, idx) for a, d in zip(args, dts)))
+        if n.op == "cast":
+            return Cast(n.attrs["dtype"], self.load(args[0], dts[0], idx))
+        if n.op in ("reduce_sum", "reduce_max"):
+            axis = n.attrs["axis"]
+            src = args[0]
+
+            def term(r):
+                j = list(idx)
+                j[axis] = r
+                return self.load(src, "f32", j)
+
+            kind = "sum" if n.op == "reduce_sum" else "max"
+            return self.reduction(None, term, extent(src.shape[axis]), kind, "r", idx)
+        if n.op == "matmul":
+            a, b = args
+            batch = list(idx[:-2])
+
+            def term(k):
+                return Bin("*", self.load(a, "f32", batch + [idx[-2], k]), self.load(b, "f32", batch + [k, idx[-1]]))
+
+            return self.reduction(None, term, extent(a.shape[-1]), "sum", "k", idx)
+        if n.op == "gather":
+            table, index = args
+            row = Cast("i64", self.load(index, "i32", [idx[0]]))
+            return self.load(table, "f32", [row, idx[1]])
+        if n.op == "concat":
+            axis = n.attrs["axis"]
+            starts, pos = [], Expr.of(0)
+            for a in args:
+                starts.append(pos)
+                pos = pos + a.shape[axis]
+            value = None
+            for a, d, start in reversed(list(zip(args, dts, starts))):
+                j = list(idx)
+                if start != 0:
+                    j[axis] = Bin("-", idx[axis], IConst(start.as_int()) if start.is_const else Poly(start))
+                part = self.load(a, d, j)
+                if value is None:
+                    value = part
+                else:
+                    end = start + a.shape[axis]
+                    value = Select(Bin("<", idx[axis], IConst(end.as_int()) if end.is_const else Poly(end)),
+                                   part, value)
+            return value
+        raise LoweringError(f"no lowering for primitive {n.op!r}")
 
 
 class Lowering:
     """model=True: a Qwen2 graph (tokens, KV caches appended in place, logits). model=False: any
-    graph, each input a caller's buffer and each output copied into a caller's buffer."""
+    graph, each input a caller's buffer and each output copied into a caller's buffer.
+    plan=None: one kernel per compute primitive. A FusionPlan: kernels only for its roots."""
 
-    def __init__(self, graph: Graph, name: str, model: bool = True):
+    def __init__(self, graph: Graph, name: str, model: bool = True, plan=None):
         self.g = graph
         self.model = model
+        self.plan = plan
         self.prog = Program(name)
-        self.views: dict[int, V.View] = {}
+        self.values: dict[int, object] = {}
         self.used = self._used_nodes()
         self.cache_outputs = {v: k for k, v in graph.outputs.items() if CACHE_INPUT.fullmatch(k)} if model else {}
         self.logits_node = graph.outputs.get("logits") if model else None
+        self.stored_in_cache: set[int] = set()  # concat nodes whose new rows a root already stored
         if model:
             for name in graph.outputs:
                 if name != "logits" and not CACHE_INPUT.fullmatch(name):
@@ -143,6 +370,14 @@ class Lowering:
             name = self.buffer(f"t{n.id}", n.dtype, product(n.shape), "arena", note)
         return V.contiguous(name, n.shape)
 
+    def cache_view(self, node: Node) -> V.View:
+        """The view of a cache input [kv_heads, past, head_dim] over its token-major buffer."""
+        m = CACHE_INPUT.fullmatch(node.attrs["name"])
+        kvh, _, d = node.shape
+        name = self.buffer(f"cache_{m.group(1)}_{m.group(2)}", "f32", Expr.sym("past") * kvh * d, "cache",
+                           f"f32[n_ctx, {kvh}, {d}]")
+        return V.View(name, node.shape, (d, kvh * d, Expr.of(1)))
+
     def emit(self, kb: KernelBuilder, body: tuple, n: Node, name: str) -> None:
         kernel = Kernel(name, kb.op, tuple(kb.params), body, f"{n.dtype}[{', '.join(str(d) for d in n.shape)}]")
         existing = next((k for k in self.prog.kernels.values() if k.key() == kernel.key()), None)
@@ -160,7 +395,7 @@ class Lowering:
     def run(self) -> Program:
         for n in self.g.nodes:
             if n.id in self.used:
-                self.views[n.id] = self.node(n)
+                self.values[n.id] = self.node(n)
         if not self.model:
             for name, i in self.g.outputs.items():
                 self.output_copy(name, self.g.nodes[i])
@@ -173,27 +408,24 @@ class Lowering:
                            n.shape)
         kb = KernelBuilder("output")
         p_out = kb.param(out.base, n.dtype, "write")
-        src = self.views[n.id]
+        body = KernelBody(self, kb, n.shape)
+        value = body.load(self.values[n.id], n.dtype, body.index)
+        store = Store(p_out, index_of(Expr.of(0), zip(body.index, out.strides)), value)
+        self.emit(kb, body.assemble(store), n, f"output_{'x'.join(slug(d) for d in n.shape) or 'scalar'}")
 
-        def body(vs):
-            return [Store(p_out, index_of(Expr.of(0), zip(vs, out.strides)), kb.load(src, n.dtype, vs))]
+    def is_root(self, n: Node) -> bool:
+        return self.plan is None or n.id in self.plan.materialize
 
-        self.emit(kb, nest(n.shape, body), n, f"output_{'x'.join(slug(d) for d in n.shape) or 'scalar'}")
-
-    def node(self, n: Node) -> V.View:
+    def node(self, n: Node):
         op, a = n.op, n.attrs
-        src = [self.views[i] for i in n.args]
+        src = [self.values[i] for i in n.args]
         if op == "input" and not self.model:
             note = f"{n.dtype}[{', '.join(str(d) for d in n.shape)}]"
             name = self.buffer("in_" + buffer_name("", a["name"]), n.dtype, product(n.shape), "input", note)
             return V.contiguous(name, n.shape)
         if op == "input":
-            m = CACHE_INPUT.fullmatch(a["name"])
-            if m:
-                kvh, _, d = n.shape
-                note = f"f32[n_ctx, {kvh}, {d}]"
-                name = self.buffer(f"cache_{m.group(1)}_{m.group(2)}", "f32", Expr.sym("past") * kvh * d, "cache", note)
-                return V.View(name, n.shape, (d, kvh * d, Expr.of(1)))
+            if CACHE_INPUT.fullmatch(a["name"]):
+                return self.cache_view(n)
             if a["name"] != "tokens":
                 raise LoweringError(f"unknown graph input {a['name']!r}")
             return V.contiguous(self.buffer("tokens", "i32", n.shape[0], "input", "i32[seq]"), n.shape)
@@ -212,163 +444,134 @@ class Lowering:
             return V.contiguous(V.Virtual("iota", None, "i32"), n.shape)
         if op == "dim":
             return V.View(V.Virtual("dim", a["expr"], "i32"), (), ())
-        if op == "permute":
-            return V.permute(src[0], a["perm"])
-        if op == "broadcast":
-            return V.broadcast(src[0], n.shape)
-        if op == "slice":
-            return V.slice_(src[0], a["axis"], a["start"], a["stop"])
-        if op == "reshape":
-            view = V.reshape(src[0], n.shape)
-            return view if view is not None else self.copy(n, src[0])
-        if op == "concat":
-            if n.id in self.cache_outputs:
-                return self.append_kv(n, src)
-            return self.concat(n, src)
-        if op == "gather":
-            return self.gather(n, src)
-        if op == "matmul":
-            return self.matmul(n, src)
-        if op in ("reduce_sum", "reduce_max"):
-            return self.reduce(n, src[0])
-        return self.elementwise(n, src)
+        if op in MOVEMENT and op != "concat":
+            return self.movement(n, src[0])
+        if op == "concat" and n.id in self.cache_outputs:
+            if n.id in self.stored_in_cache:
+                cache = src[0]
+                return V.View(cache.base, n.shape, cache.strides)
+            return self.append_kv(n, src)
+        if self.is_root(n):
+            return self.kernel(n)
+        return Inline(n.id, n.shape)
 
-    # kernels -------------------------------------------------------------------------------------
-    def _dtypes(self, n: Node) -> list[str]:
-        return [self.g.nodes[i].dtype for i in n.args]
+    def movement(self, n: Node, src):
+        a = n.attrs
+        if isinstance(src, V.View):
+            if n.op == "permute":
+                return V.permute(src, a["perm"])
+            if n.op == "broadcast":
+                return V.broadcast(src, n.shape)
+            if n.op == "slice":
+                return V.slice_(src, a["axis"], a["start"], a["stop"])
+            view = V.reshape(src, n.shape)
+            if view is not None:
+                return view
+            if self.plan is None:
+                return self.copy(n, src)  # unfused: an explicit copy kernel
+        attrs = {"permute": lambda: tuple(a["perm"]), "broadcast": lambda: (),
+                 "slice": lambda: (a["axis"], a["start"]), "reshape": lambda: ()}[n.op]()
+        return Mapped(src, n.shape, n.op, attrs)
 
-    def elementwise(self, n: Node, src) -> V.View:
-        out = self.out_buffer(n)
-        kb = KernelBuilder(n.op)
-        p_out = kb.param(out.base, n.dtype, "write")
-        dtypes = self._dtypes(n)
-
-        def body(vs):
-            x = [kb.load(s, dt, vs) for s, dt in zip(src, dtypes)]
-            if n.op in BINARY:
-                value = Bin(BINARY[n.op], x[0], x[1])
-            elif n.op in UNARY:
-                value = Un(n.op, x[0])
-            elif n.op == "where":
-                value = Select(x[0], x[1], x[2])
-            elif n.op == "cast":
-                value = Cast(n.attrs["dtype"], x[0])
+    def _cache_destination(self, n: Node) -> V.View | None:
+        """Where a root that feeds a KV cache stores: the cache's new rows, seen through the
+        inverse of the movement ops between the root and the concat; None if no view does it."""
+        concat_id, chain = self.plan.cache_stores[n.id]
+        concat = self.g.nodes[concat_id]
+        cache = self.cache_view(self.g.nodes[concat.args[0]])
+        total = V.View(cache.base, concat.shape, cache.strides)
+        dest = V.slice_(total, 1, Expr.sym("past"), concat.shape[1])
+        for m in reversed(chain):
+            if m.op == "permute":
+                inverse = [0] * len(m.attrs["perm"])
+                for k, p in enumerate(m.attrs["perm"]):
+                    inverse[p] = k
+                dest = V.permute(dest, inverse)
+            elif m.op == "reshape":
+                dest = V.reshape(dest, self.g.nodes[m.args[0]].shape)
+                if dest is None:
+                    return None
             else:
-                raise LoweringError(f"no lowering for primitive {n.op!r}")
-            return [Store(p_out, index_of(Expr.of(0), zip(vs, out.strides)), value)]
+                return None
+        return dest
 
-        self.emit(kb, nest(n.shape, body), n, f"{n.op}_{'x'.join(slug(d) for d in n.shape) or 'scalar'}")
-        return out
-
-    def reduce(self, n: Node, src: V.View) -> V.View:
-        out = self.out_buffer(n)
-        axis, kind = n.attrs["axis"], ("sum" if n.op == "reduce_sum" else "max")
+    def kernel(self, n: Node) -> V.View:
+        out = None
+        if self.plan is not None and n.id in self.plan.cache_stores:
+            out = self._cache_destination(n)
+            if out is not None:
+                self.stored_in_cache.add(self.plan.cache_stores[n.id][0])
+        if out is None:
+            out = self.out_buffer(n)
         kb = KernelBuilder(n.op)
         p_out = kb.param(out.base, n.dtype, "write")
-        outer = [d for i, d in enumerate(n.shape) if i != axis]
-        r = Var("r")
+        body = KernelBody(self, kb, n.shape)
+        value = body.compute(n, list(body.index))
+        store = Store(p_out, index_of(out.offset, zip(body.index, out.strides)), value)
+        stmts = body.assemble(store)
+        self.emit(kb, stmts, n, self.kernel_name(n, stmts))
+        return V.View(out.base, n.shape, out.strides, out.offset)
 
-        def body(vs):
-            full = list(vs[:axis]) + [IConst(0)] + list(vs[axis:])
-            idx_in = list(vs[:axis]) + [r] + list(vs[axis:])
-            init = FConst(0.0) if kind == "sum" else FConst(float("-inf"))
-            x = kb.load(src, "f32", idx_in)
-            update = Bin("+", Acc("acc"), x) if kind == "sum" else x
-            return [AccInit("acc", "f32", init),
-                    Loop("r", extent(src.shape[axis]), (AccUpdate("acc", update, kind),)),
-                    Store(p_out, index_of(Expr.of(0), zip(full, out.strides)), Acc("acc"))]
+    def kernel_name(self, n: Node, body) -> str:
+        shape = "x".join(slug(d) for d in n.shape) or "scalar"
+        if self.plan is None:
+            if n.op == "matmul":
+                return f"matmul_{shape}_k{slug(self.g.nodes[n.args[0]].shape[-1])}"
+            if n.op in ("reduce_sum", "reduce_max", "concat"):
+                src = self.g.nodes[n.args[0]].shape if n.op != "concat" else n.shape
+                return f"{n.op}_{'x'.join(slug(d) for d in src)}_axis{n.attrs['axis']}"
+            return f"{n.op}_{shape}"
+        # fused: name the kernel by the work it does
+        text = repr(body)
+        parts = []
+        loops = list(_all_loops(body))
+        k_loops = [lp for lp in loops if lp.var.startswith("k")]
+        r_loops = [lp for lp in loops if lp.var.startswith("r")]
+        if k_loops:
+            parts.append("matmul" if len(k_loops) == 1 else f"matmul{len(k_loops)}")
+        if r_loops:
+            parts.append("rowreduce" if len(r_loops) == 1 else f"rowreduce{len(r_loops)}")
+        for op in ("exp", "sqrt", "sin", "cos"):
+            if f"op='{op}'" in text:
+                parts.append(op)
+        if "Select(" in text:
+            parts.append("select")
+        parts.append(n.op if n.op not in ("matmul",) else "store")
+        return "_".join(parts) + "_" + shape
 
-        name = f"{n.op}_{'x'.join(slug(d) for d in src.shape)}_axis{axis}"
-        self.emit(kb, nest(outer, body), n, name)
-        return out
 
-    def matmul(self, n: Node, src) -> V.View:
+    def copy(self, n: Node, src: V.View) -> V.View:
+        """A reshape that no strides express, unfused: copy in row-major order."""
         out = self.out_buffer(n)
-        a, b = src
-        kb = KernelBuilder("matmul")
-        p_out = kb.param(out.base, "f32", "write")
-        k = Var("k")
-
-        def body(vs):
-            batch = list(vs[:-2])
-            x = kb.load(a, "f32", batch + [vs[-2], k])
-            w = kb.load(b, "f32", batch + [k, vs[-1]])
-            return [AccInit("acc", "f32", FConst(0.0)),
-                    Loop("k", extent(a.shape[-1]), (AccUpdate("acc", Bin("+", Acc("acc"), Bin("*", x, w))),)),
-                    Store(p_out, index_of(Expr.of(0), zip(vs, out.strides)), Acc("acc"))]
-
-        name = f"matmul_{'x'.join(slug(d) for d in n.shape)}_k{slug(a.shape[-1])}"
-        self.emit(kb, nest(n.shape, body), n, name)
-        return out
-
-    def gather(self, n: Node, src) -> V.View:
-        out = self.out_buffer(n)
-        table, index = src
-        kb = KernelBuilder("gather")
-        p_out = kb.param(out.base, "f32", "write")
-
-        def body(vs):
-            row = Cast("i64", kb.load(index, "i32", [vs[0]]))
-            x = kb.load(table, "f32", [row, vs[1]])
-            return [Store(p_out, index_of(Expr.of(0), zip(vs, out.strides)), x)]
-
-        self.emit(kb, nest(n.shape, body), n, f"gather_{'x'.join(slug(d) for d in n.shape)}")
-        return out
-
-    def concat(self, n: Node, src) -> V.View:
-        out = self.out_buffer(n)
-        axis = n.attrs["axis"]
-        kb = KernelBuilder("concat")
+        kb = KernelBuilder("copy")
         p_out = kb.param(out.base, n.dtype, "write")
-        body, start = [], Expr.of(0)
-        for j, s in enumerate(src):
-            dst = V.slice_(out, axis, start, start + s.shape[axis])
-
-            def part(vs, s=s, dst=dst):
-                return [Store(p_out, index_of(dst.offset, zip(vs, dst.strides)), kb.load(s, n.dtype, vs))]
-
-            body.extend(nest(s.shape, part, prefix=f"j{j}_"))
-            start = start + s.shape[axis]
-        self.emit(kb, tuple(body), n, f"concat_{'x'.join(slug(d) for d in n.shape)}_axis{axis}")
+        body = KernelBody(self, kb, n.shape)
+        value = body.load(Mapped(src, n.shape, "reshape"), n.dtype, body.index)
+        store = Store(p_out, index_of(Expr.of(0), zip(body.index, out.strides)), value)
+        name = f"copy_{'x'.join(slug(d) for d in src.shape)}_to_{'x'.join(slug(d) for d in n.shape)}"
+        self.emit(kb, body.assemble(store), n, name)
         return out
 
     def append_kv(self, n: Node, src) -> V.View:
         """concat([cache input, new rows]) that is the cache's output: write the new rows in place."""
         cache_view, new = src
-        kvh, _, d = n.shape
         total = V.View(cache_view.base, n.shape, cache_view.strides)
-        past = Expr.sym("past")
-        dst = V.slice_(total, 1, past, n.shape[1])
+        dst = V.slice_(total, 1, Expr.sym("past"), n.shape[1])
         kb = KernelBuilder("append_kv")
         p_out = kb.param(cache_view.base, "f32", "write")
-
-        def body(vs):
-            return [Store(p_out, index_of(dst.offset, zip(vs, dst.strides)), kb.load(new, "f32", vs))]
-
-        self.emit(kb, nest(new.shape, body), n, f"append_kv_{'x'.join(slug(x) for x in new.shape)}")
+        body = KernelBody(self, kb, new.shape)
+        value = body.load(new, "f32", body.index)
+        store = Store(p_out, index_of(dst.offset, zip(body.index, dst.strides)), value)
+        self.emit(kb, body.assemble(store), n, f"append_kv_{'x'.join(slug(x) for x in new.shape)}")
         return total
 
-    def copy(self, n: Node, src: V.View) -> V.View:
-        """A reshape that no strides express: copy in row-major order."""
-        out = self.out_buffer(n)
-        kb = KernelBuilder("copy")
-        p_out = kb.param(out.base, n.dtype, "write")
-        in_strides = V.contiguous_strides(src.shape)
 
-        def body(vs):
-            flat = index_of(Expr.of(0), zip(vs, out.strides))
-            idx = []
-            for m, (size, cs) in enumerate(zip(src.shape, in_strides)):
-                e = flat if cs == 1 else Bin("/", flat, IConst(cs.as_int()) if cs.is_const else Poly(cs))
-                if m > 0:
-                    e = Bin("%", e, IConst(size.as_int()) if size.is_const else Poly(size))
-                idx.append(e)
-            return [Store(p_out, flat, kb.load(src, n.dtype, idx))]
-
-        name = f"copy_{'x'.join(slug(d) for d in src.shape)}_to_{'x'.join(slug(d) for d in n.shape)}"
-        self.emit(kb, nest(n.shape, body), n, name)
-        return out
+def _all_loops(body):
+    for s in body:
+        if isinstance(s, Loop):
+            yield s
+            yield from _all_loops(s.body)
 
 
-def lower(graph: Graph, name: str = "forward", model: bool = True) -> Program:
-    return Lowering(graph, name, model).run()
+def lower(graph: Graph, name: str = "forward", model: bool = True, plan=None) -> Program:
+    return Lowering(graph, name, model, plan).run()
