@@ -103,6 +103,10 @@ def cmd_graph(args) -> int:
     if args.layers is not None:
         cfg = Qwen2Config(**{**cfg.__dict__, "num_hidden_layers": args.layers})
     graph = build_qwen2(cfg)
+    if args.passes:
+        from .passes.cse import cse
+        from .passes.fold import fold_constants
+        graph = fold_constants(cse(graph))
     if args.print:
         sys.stdout.write(format_graph(graph))
         return 0
@@ -140,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     graph.add_argument("-m", "--model", help="take the config from this model (default: Qwen2.5-0.5B's)")
     graph.add_argument("--layers", type=int, help="override the number of layers")
     graph.add_argument("--print", action="store_true", help="print the graph IR")
+    graph.add_argument("--passes", action="store_true", help="after common-subexpression elimination and folding")
     graph.add_argument("-q", "--quiet", action="store_true")
     graph.set_defaults(func=cmd_graph)
     return p

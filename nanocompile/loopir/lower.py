@@ -153,10 +153,16 @@ def _unravel(idx, shape, src_shape) -> list:
 
 class Level:
     """One loop of a kernel's nest (var None: the kernel's top level) and the statements that run
-    in it before its inner loop."""
+    in it before its inner loop. A reduction's loop is a Level too, open while later reductions
+    over the same extent may still join it."""
 
     def __init__(self, var: str | None, extent=None):
         self.var, self.extent, self.stmts = var, extent, []
+        self.reduces: set[int] = set()  # graph nodes this reduction loop accumulates
+
+
+def _freeze(stmts) -> list:
+    return [Loop(s.var, s.extent, tuple(_freeze(s.stmts))) if isinstance(s, Level) else s for s in stmts]
 
 
 class KernelBody:
@@ -195,10 +201,10 @@ class KernelBody:
 
     def assemble(self, store) -> tuple:
         self.levels[-1].stmts.append(store)
-        body = self.levels[-1].stmts
+        body = _freeze(self.levels[-1].stmts)
         for k in range(len(self.levels) - 1, 0, -1):
             lvl = self.levels[k]
-            body = self.levels[k - 1].stmts + [Loop(lvl.var, lvl.extent, tuple(body))]
+            body = _freeze(self.levels[k - 1].stmts) + [Loop(lvl.var, lvl.extent, tuple(body))]
         return tuple(body)
 
     # values ----------------------------------------------------------------------------------------
@@ -251,23 +257,32 @@ class KernelBody:
         self.memo[key] = (value, saved[depth])
         return value
 
-    def reduction(self, init, body_fn, extent_, kind: str, var_kind: str, depth_exprs) -> Acc:
-        """An accumulator loop at the level its index depends on; body_fn(var) is one term."""
+    def reduction(self, node: int, body_fn, extent_, kind: str, var_kind: str, depth_exprs) -> Acc:
+        """An accumulator loop at the level its index depends on; body_fn(var) is one term.
+
+        Independent reductions over the same extent at the same level share one loop (gate and
+        up of SwiGLU): each accumulator still adds its terms in the same order, and the two
+        dependency chains overlap in the CPU instead of running one after the other."""
         depth = self._level_for(depth_exprs)
         saved = self.stack
         owner = saved[depth]
-        var = self.fresh(var_kind)
         acc = self.fresh("acc")
-        inner = Level(var, extent_)
+        init = AccInit(acc, "f32", FConst(0.0) if kind == "sum" else FConst(float("-inf")))
+        shared = next((s for s in owner.stmts if isinstance(s, Level) and s.extent == extent_
+                       and not (s.reduces & self.low.ancestors(node))), None)
+        inner = shared or Level(self.fresh(var_kind), extent_)
         self.stack = saved[:depth + 1] + [inner]
         try:
-            term = body_fn(Var(var))
+            term = body_fn(Var(inner.var))
             update = Bin("+", Acc(acc), term) if kind == "sum" else term
             inner.stmts.append(AccUpdate(acc, update, kind))
         finally:
             self.stack = saved
-        owner.stmts.append(AccInit(acc, "f32", FConst(0.0) if kind == "sum" else FConst(float("-inf"))))
-        owner.stmts.append(Loop(var, extent_, tuple(inner.stmts)))
+        inner.reduces.add(node)
+        if shared is None:
+            owner.stmts += [init, inner]
+        else:
+            owner.stmts.insert(owner.stmts.index(shared), init)
         return Acc(acc)
 
     # what a node computes ------------------------------------------------------------------------
@@ -293,7 +308,7 @@ class KernelBody:
                 return self.load(src, "f32", j)
 
             kind = "sum" if n.op == "reduce_sum" else "max"
-            return self.reduction(None, term, extent(src.shape[axis]), kind, "r", idx)
+            return self.reduction(n.id, term, extent(src.shape[axis]), kind, "r", idx)
         if n.op == "matmul":
             a, b = args
             batch = list(idx[:-2])
@@ -301,7 +316,7 @@ class KernelBody:
             def term(k):
                 return Bin("*", self.load(a, "f32", batch + [idx[-2], k]), self.load(b, "f32", batch + [k, idx[-1]]))
 
-            return self.reduction(None, term, extent(a.shape[-1]), "sum", "k", idx)
+            return self.reduction(n.id, term, extent(a.shape[-1]), "sum", "k", idx)
         if n.op == "gather":
             table, index = args
             row = Cast("i64", self.load(index, "i32", [idx[0]]))
@@ -347,6 +362,17 @@ class Lowering:
             for name in graph.outputs:
                 if name != "logits" and not CACHE_INPUT.fullmatch(name):
                     raise LoweringError(f"graph output {name!r} is neither logits nor a KV cache")
+
+    def ancestors(self, node: int) -> set[int]:
+        """Every node the value of node depends on (memoized)."""
+        if not hasattr(self, "_ancestors"):
+            self._ancestors = {}
+            for n in self.g.nodes:
+                deps = set(n.args)
+                for a in n.args:
+                    deps |= self._ancestors[a]
+                self._ancestors[n.id] = deps
+        return self._ancestors[node]
 
     def _used_nodes(self) -> set[int]:
         used, stack = set(), list(self.g.outputs.values())
@@ -525,12 +551,14 @@ class Lowering:
         text = repr(body)
         parts = []
         loops = list(_all_loops(body))
-        k_loops = [lp for lp in loops if lp.var.startswith("k")]
-        r_loops = [lp for lp in loops if lp.var.startswith("r")]
-        if k_loops:
-            parts.append("matmul" if len(k_loops) == 1 else f"matmul{len(k_loops)}")
-        if r_loops:
-            parts.append("rowreduce" if len(r_loops) == 1 else f"rowreduce{len(r_loops)}")
+        def accumulators(prefix):
+            return sum(isinstance(x, AccUpdate) for lp in loops if lp.var.startswith(prefix) for x in lp.body)
+
+        matmuls, reductions = accumulators("k"), accumulators("r")
+        if matmuls:
+            parts.append("matmul" if matmuls == 1 else f"matmul{matmuls}")
+        if reductions:
+            parts.append("rowreduce" if reductions == 1 else f"rowreduce{reductions}")
         for op in ("exp", "sqrt", "sin", "cos"):
             if f"op='{op}'" in text:
                 parts.append(op)
