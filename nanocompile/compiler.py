@@ -2,7 +2,9 @@
 
     graph (frontend) -> cse -> fold_constants -> plan_fusion -> loop IR (lower) -> memory plan
         for each forward variant: logits of the last row, of all rows, or none
-    fuse=False stops after the frontend: one kernel per primitive (the phase 2 baseline)
+    -> schedules (the default recipe per kernel)
+    fuse=False stops after the frontend: one kernel per primitive (the phase 2 baseline);
+    schedule=False leaves every kernel on one thread, as lowered (the phase 3 baseline)
 
 The variants share kernels: a kernel is its loop IR, and equal loop IR is one C function.
 """
@@ -25,6 +27,8 @@ from .loopir.plan import MemoryPlan, plan_memory
 from .passes.cse import cse
 from .passes.fold import fold_constants
 from .passes.fusion import plan_fusion
+from .schedule import apply as apply_schedule
+from .schedule import default_schedule
 from .target import detect_march
 
 GENERATOR = f"nanocompile {__version__} codegen 1"
@@ -50,6 +54,7 @@ class ModelModule:
     march: str
     isa: list[str]
     fused: bool = True
+    scheduled: bool = True
     kernels: dict[str, Kernel] = field(default_factory=dict)
     variants: dict[str, Program] = field(default_factory=dict)
     plans: dict[str, MemoryPlan] = field(default_factory=dict)
@@ -64,7 +69,8 @@ class ModelModule:
     @property
     def fingerprint(self) -> dict:
         return {"generator": GENERATOR, "config": json.loads(self.config.to_json()), "precision": self.precision,
-                "max_chunk": self.max_chunk, "march": self.march, "isa": self.isa, "fused": self.fused}
+                "max_chunk": self.max_chunk, "march": self.march, "isa": self.isa, "fused": self.fused,
+                "scheduled": self.scheduled}
 
     @property
     def fingerprint_json(self) -> str:
@@ -133,7 +139,7 @@ def optimize(graph):
 
 
 def compile_model(cfg: Qwen2Config, precision: str = "f32", max_chunk: int = DEFAULT_CHUNK,
-                  march: str | None = None, fuse: bool = True) -> ModelModule:
+                  march: str | None = None, fuse: bool = True, schedule: bool = True) -> ModelModule:
     if precision != "f32":
         raise ValueError(f"precision {precision!r} is not supported yet (f32)")
     detected, isa = detect_march()
@@ -141,7 +147,7 @@ def compile_model(cfg: Qwen2Config, precision: str = "f32", max_chunk: int = DEF
     # float32's precision (1e-6 in config.json, its float32 in a GGUF) are one library
     cfg = dataclasses.replace(cfg, rms_norm_eps=float(np.float32(cfg.rms_norm_eps)),
                               rope_theta=float(np.float32(cfg.rope_theta)))
-    module = ModelModule(cfg, precision, max_chunk, march or detected, isa if march is None else [], fuse)
+    module = ModelModule(cfg, precision, max_chunk, march or detected, isa if march is None else [], fuse, schedule)
     for logits in LOGITS:
         graph, plan = build_qwen2(cfg, logits=logits), None
         if fuse:
@@ -152,7 +158,17 @@ def compile_model(cfg: Qwen2Config, precision: str = "f32", max_chunk: int = DEF
         module.plans[logits] = plan_memory(prog, max_chunk, cfg.max_position_embeddings)
         module.consts.update(prog.consts)
     module.weights = _weight_layout(cfg, module.variants["all"])
+    if schedule:
+        schedule_kernels(module.kernels, module.variants.values())
     return module
+
+
+def schedule_kernels(kernels: dict[str, Kernel], programs=()) -> None:
+    """Applies each kernel's default schedule in place (and in the programs that use it)."""
+    for name, k in list(kernels.items()):
+        kernels[name] = apply_schedule(k, default_schedule(k))
+    for prog in programs:
+        prog.kernels = {n: kernels[n] for n in prog.kernels}
 
 
 def count_calls(module: ModelModule, variant: str = "last") -> dict:

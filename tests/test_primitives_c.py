@@ -150,22 +150,7 @@ def test_guard_regions_catch_a_write_outside_an_output():
     lib = GraphLibrary(g)
     text = lib.source.replace("for (int64_t i1 = 0; i1 < 6; ++i1)", "for (int64_t i1 = 0; i1 < 7; ++i1)")
     assert text != lib.source
-    import ctypes
-    import os
-    import subprocess
-    import tempfile
-    from nanocompile.codegen.graph_library import CFLAGS
-    from nanocompile.codegen.render import data_root
-    d = tempfile.mkdtemp()
-    c_file = os.path.join(d, "bad.c")
-    open(c_file, "w").write(text)
-    runtime = data_root() / "runtime"
-    subprocess.run(["cc", *CFLAGS, f"-I{runtime}", c_file, str(runtime / "nc_runtime.c"), "-o",
-                    os.path.join(d, "bad.so"), "-lm"], check=True)
-    lib.lib = ctypes.CDLL(os.path.join(d, "bad.so"))
-    lib.fn = lib.lib.nc_graph_run
-    lib.fn.restype = None
-    lib.fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64, ctypes.c_int64]
+    lib.load(lib.compile(text))
     inputs, weights = _feeds(g, {"seq": 3, "past": 0}, np.random.default_rng(0))
     with pytest.raises(AssertionError, match="wrote outside output"):
         lib.run({"seq": 3, "past": 0}, inputs, weights)

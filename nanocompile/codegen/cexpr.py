@@ -86,7 +86,8 @@ def statements(body) -> list[dict]:
     out = []
     for s in body:
         if isinstance(s, Loop):
-            out.append({"kind": "loop", "var": s.var, "extent": c(s.extent), "body": statements(s.body)})
+            out.append({"kind": "loop", "var": s.var, "extent": c(s.extent), "body": statements(s.body),
+                        "parallel": s.parallel})
         elif isinstance(s, Store):
             out.append({"kind": "line", "text": f"{s.param}[{c(s.index)}] = {c(s.value)};"})
         elif isinstance(s, AccInit):

@@ -25,16 +25,22 @@ from .cexpr import C_TYPES, float_literal
 from .render import _kernel_data, data_root, environment
 
 CFLAGS = ["-O2", "-ffp-contract=off", "-fno-fast-math", "-march=native", "-shared", "-fPIC", "-std=c11",
-          "-Wall", "-Wno-unused-variable", "-Wno-unused-function"]
+          "-pthread", "-Wall", "-Wno-unused-variable", "-Wno-unused-function"]
 ENTRY = "nc_graph_run"
 
 
-def render_graph(graph: Graph, max_seq: int = 16, max_past: int = 16, fuse: bool = False) -> tuple[str, list[dict], int]:
+def render_graph(graph: Graph, max_seq: int = 16, max_past: int = 16, fuse: bool = False,
+                 schedule=None) -> tuple[str, list[dict], int]:
+    """schedule: None (as lowered), "default" (the recipes), or a function kernel -> directives."""
     fusion = None
     if fuse:
         from ..compiler import optimize
         graph, fusion = optimize(graph)
     prog = lower(graph, graph.name, model=False, plan=fusion)
+    if schedule is not None:
+        from ..schedule import apply, default_schedule
+        choose = default_schedule if schedule == "default" else schedule
+        prog.kernels = {n: apply(k, choose(k)) for n, k in prog.kernels.items()}
     plan = plan_memory(prog, max_seq, max_past)
     external = [b for b in prog.buffers.values() if b.kind in ("input", "weight", "output")]
     external.sort(key=lambda b: ({"input": 0, "weight": 1, "output": 2}[b.kind], b.name))
@@ -57,31 +63,39 @@ def render_graph(graph: Graph, max_seq: int = 16, max_past: int = 16, fuse: bool
 
 class GraphLibrary:
     def __init__(self, graph: Graph, max_seq: int = 16, max_past: int = 16, cache: Path | None = None,
-                 fuse: bool = False):
+                 fuse: bool = False, schedule=None):
         self.graph = graph
         self.max_seq, self.max_past = max_seq, max_past
-        self.source, self.external, self.arena_bytes = render_graph(graph, max_seq, max_past, fuse)
-        digest = hashlib.sha256(self.source.encode()).hexdigest()[:24]
-        directory = cache or Path(tempfile.gettempdir()) / f"nanocompile-graphs-{os.getuid()}"
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"graph_{digest}.so"
-        if not self.path.exists():
-            c_file = directory / f"graph_{digest}.c"
-            c_file.write_text(self.source)
-            tmp = self.path.with_suffix(f".tmp{os.getpid()}.so")
+        self.source, self.external, self.arena_bytes = render_graph(graph, max_seq, max_past, fuse, schedule)
+        self.directory = cache or Path(tempfile.gettempdir()) / f"nanocompile-graphs-{os.getuid()}"
+        self.load(self.compile(self.source))
+
+    def compile(self, source: str) -> Path:
+        """Compiles C source (cached by its hash) into a shared library; returns its path."""
+        digest = hashlib.sha256(source.encode()).hexdigest()[:24]
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"graph_{digest}.so"
+        if not path.exists():
+            c_file = self.directory / f"graph_{digest}.c"
+            c_file.write_text(source)
+            tmp = path.with_suffix(f".tmp{os.getpid()}.so")
             runtime = data_root() / "runtime"
             cc = os.environ.get("CC", "cc")
-            r = subprocess.run([cc, *CFLAGS, f"-I{runtime}", str(c_file), str(runtime / "nc_runtime.c"), "-o",
-                                str(tmp), "-lm"], capture_output=True, text=True)
+            r = subprocess.run([cc, *CFLAGS, f"-I{runtime}", str(c_file), str(runtime / "nc_runtime.c"),
+                                str(runtime / "nc_pool.c"), "-o", str(tmp), "-lm"], capture_output=True, text=True)
             if r.returncode != 0:
                 raise RuntimeError(f"{cc} failed on {c_file}:\n{r.stderr[-4000:]}")
-            os.replace(tmp, self.path)
-        self.lib = ctypes.CDLL(str(self.path))
+            os.replace(tmp, path)
+        return path
+
+    def load(self, path: Path) -> None:
+        self.path = path
+        self.lib = ctypes.CDLL(str(path))
         self.fn = getattr(self.lib, ENTRY)
         self.fn.restype = None
-        self.fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64, ctypes.c_int64]
+        self.fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
 
-    def run(self, env, inputs, weights, guard: int = 64) -> dict[str, np.ndarray]:
+    def run(self, env, inputs, weights, guard: int = 64, threads: int = 1) -> dict[str, np.ndarray]:
         """Runs with the symbols in env; each output is surrounded by guard elements that must
         come back untouched (a write outside an output changes its neighbours, not itself)."""
         if env["seq"] > self.max_seq or env.get("past", 0) > self.max_past:
@@ -106,7 +120,7 @@ class GraphLibrary:
                 array = np.ascontiguousarray(names[b["name"]])
                 keep.append(array)
                 pointers.append(array.ctypes.data)
-        self.fn((ctypes.c_void_p * len(pointers))(*pointers), env["seq"], env.get("past", 0))
+        self.fn((ctypes.c_void_p * len(pointers))(*pointers), env["seq"], env.get("past", 0), threads)
         result = {}
         for name, (padded, shape, sentinel) in outputs.items():
             head, tail = padded[:guard], padded[len(padded) - guard:]

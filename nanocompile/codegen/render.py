@@ -42,7 +42,7 @@ def _kernel_data(k) -> dict:
     body = statements(k.body)
     uses = json.dumps(body)
     return {"name": k.name, "params": params, "comment": text.splitlines(), "body": body,
-            "unused": [s for s in ("seq", "past") if s not in uses]}
+            "unused": [s for s in ("seq", "past") if s not in uses], "parallel": '"parallel": true' in uses}
 
 
 def _arg(buffer, kind: str) -> str:

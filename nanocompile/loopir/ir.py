@@ -79,6 +79,7 @@ class Loop:
     var: str
     extent: object  # int64 expression
     body: tuple
+    parallel: bool = False  # iterations split across the threads of the pool
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class Kernel:
     body: tuple
     # the output's logical shape, for the name and the comment
     shape_note: str = ""
+    schedule: tuple = ()  # the directives applied to it, printed above it
 
     def key(self) -> tuple:
         """Two kernels with equal keys compute the same thing: one C function serves both."""
@@ -185,7 +187,8 @@ def format_stmts(body, indent: int = 0) -> list[str]:
     lines = []
     for s in body:
         if isinstance(s, Loop):
-            lines.append(f"{pad}for {s.var} in 0..{format_expr(s.extent)}:")
+            kind = "parallel for" if s.parallel else "for"
+            lines.append(f"{pad}{kind} {s.var} in 0..{format_expr(s.extent)}:")
             lines.extend(format_stmts(s.body, indent + 1))
         elif isinstance(s, Store):
             lines.append(f"{pad}{s.param}[{format_expr(s.index)}] = {format_expr(s.value)}")
@@ -201,7 +204,10 @@ def format_stmts(body, indent: int = 0) -> list[str]:
 
 def format_kernel(k: Kernel) -> str:
     params = ", ".join(f"{p.name}: {p.dtype} {p.access}" for p in k.params)
-    return "\n".join([f"kernel {k.name}({params})  # {k.op} -> {k.shape_note}"] + format_stmts(k.body, 1))
+    head = [f"kernel {k.name}({params})  # {k.op} -> {k.shape_note}"]
+    if k.schedule:
+        head.append("  schedule: " + ", ".join(str(d) for d in k.schedule))
+    return "\n".join(head + format_stmts(k.body, 1))
 
 
 def format_program(p: Program) -> str:
