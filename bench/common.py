@@ -62,3 +62,37 @@ def sign_test(wins: int, n: int) -> float:
     """One-sided exact sign test: P(at least `wins` of n by chance)."""
     from math import comb
     return sum(comb(n, k) for k in range(wins, n + 1)) / 2 ** n
+
+
+def timed_session(session, prompt: list[int], steps: int) -> tuple[float, list[float]]:
+    """A nanocompile session's (or anything with reset/step's) prefill time and greedy decode
+    step times, from an empty cache."""
+    import numpy as np
+
+    session.reset()
+    t0 = time.perf_counter()
+    logits = session.step(prompt)
+    prefill = time.perf_counter() - t0
+    times = []
+    for _ in range(steps):
+        s0 = time.perf_counter()
+        logits = session.step([int(np.argmax(logits))])
+        times.append(time.perf_counter() - s0)
+    return prefill, times
+
+
+def timed_transformers(model, prompt: list[int], steps: int) -> tuple[float, list[float]]:
+    """The same for transformers' model, with its own KV cache."""
+    import torch
+
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        out = model(torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
+        prefill = time.perf_counter() - t0
+        cache, times = out.cache, []
+        for _ in range(steps):
+            s0 = time.perf_counter()
+            out = model(torch.tensor([[int(out.logits[0, -1].argmax())]]), cache=cache, use_cache=True)
+            cache = out.cache
+            times.append(time.perf_counter() - s0)
+    return prefill, times

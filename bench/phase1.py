@@ -13,9 +13,8 @@ import argparse
 import subprocess
 import sys
 import tempfile
-import time
 
-from bench.common import THREADS, append, pin_threads, sign_test, summary
+from bench.common import THREADS, append, pin_threads, sign_test, summary, timed_session, timed_transformers
 
 pin_threads()
 
@@ -58,33 +57,8 @@ def main() -> None:
     prompt = [int(t) for t in rng.integers(0, 150000, args.prompt)]
     session = InterpreterSession(model.config, model.weights, n_ctx=args.prompt + args.decode + 1)
 
-    def run_interp():
-        session.reset()
-        t0 = time.perf_counter()
-        logits = session.step(prompt)
-        t1 = time.perf_counter()
-        steps = []
-        for _ in range(args.decode):
-            s0 = time.perf_counter()
-            logits = session.step([int(np.argmax(logits))])
-            steps.append(time.perf_counter() - s0)
-        return t1 - t0, steps
-
-    def run_torch():
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            out = oracle(torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
-            t1 = time.perf_counter()
-            cache = out.cache
-            steps = []
-            for _ in range(args.decode):
-                s0 = time.perf_counter()
-                out = oracle(torch.tensor([[int(out.logits[0, -1].argmax())]]), cache=cache, use_cache=True)
-                cache = out.cache
-                steps.append(time.perf_counter() - s0)
-        return t1 - t0, steps
-
-    engines = {"interpreter": run_interp, "transformers": run_torch}
+    engines = {"interpreter": lambda: timed_session(session, prompt, args.decode),
+               "transformers": lambda: timed_transformers(oracle, prompt, args.decode)}
     for fn in engines.values():
         fn()  # warm-up, discarded
     prefill = {k: [] for k in engines}

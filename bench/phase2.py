@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import THREADS, append, pin_threads, sign_test, summary
+from bench.common import THREADS, append, pin_threads, sign_test, summary, timed_session, timed_transformers
 
 pin_threads()
 
@@ -133,33 +133,9 @@ def main() -> None:
     interp = InterpreterSession(model.config, model.weights, n_ctx=n_ctx)
     oracle = build_oracle(model.config, model.weights)
 
-    def run_session(session):
-        session.reset()
-        t0 = time.perf_counter()
-        logits = session.step(prompt)
-        prefill = time.perf_counter() - t0
-        steps = []
-        for _ in range(args.decode):
-            s0 = time.perf_counter()
-            logits = session.step([int(np.argmax(logits))])
-            steps.append(time.perf_counter() - s0)
-        return prefill, steps
-
-    def run_torch():
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            out = oracle(torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
-            prefill = time.perf_counter() - t0
-            cache, steps = out.cache, []
-            for _ in range(args.decode):
-                s0 = time.perf_counter()
-                out = oracle(torch.tensor([[int(out.logits[0, -1].argmax())]]), cache=cache, use_cache=True)
-                cache = out.cache
-                steps.append(time.perf_counter() - s0)
-        return prefill, steps
-
-    engines = {"compiled": lambda: run_session(compiled), "interpreter": lambda: run_session(interp),
-               "transformers": run_torch}
+    engines = {"compiled": lambda: timed_session(compiled, prompt, args.decode),
+               "interpreter": lambda: timed_session(interp, prompt, args.decode),
+               "transformers": lambda: timed_transformers(oracle, prompt, args.decode)}
     prefill = {k: [] for k in engines}
     decode = {k: [] for k in engines}
     per_round = {k: [] for k in engines}

@@ -10,7 +10,7 @@ import argparse
 import json
 import time
 
-from bench.common import THREADS, append, pin_threads, sign_test, summary
+from bench.common import THREADS, append, pin_threads, sign_test, summary, timed_session
 
 pin_threads()
 
@@ -108,24 +108,12 @@ def main() -> None:
     sessions = {"unfused": CompiledSession(model.config, model.weights, n_ctx, THREADS, model.key, fuse=False),
                 "fused": CompiledSession(model.config, model.weights, n_ctx, THREADS, model.key)}
 
-    def run(session):
-        session.reset()
-        t0 = time.perf_counter()
-        logits = session.step(prompt)
-        prefill = time.perf_counter() - t0
-        steps = []
-        for _ in range(args.decode):
-            s0 = time.perf_counter()
-            logits = session.step([int(np.argmax(logits))])
-            steps.append(time.perf_counter() - s0)
-        return prefill, steps
-
     prefill = {k: [] for k in sessions}
     decode = {k: [] for k in sessions}
     per_round = {k: [] for k in sessions}
     for r in range(args.rounds):
         for name in (("unfused", "fused") if r % 2 == 0 else ("fused", "unfused")):
-            p, steps = run(sessions[name])
+            p, steps = timed_session(sessions[name], prompt, args.decode)
             prefill[name].append(p)
             decode[name].extend(steps)
             per_round[name].append(float(np.median(steps)))

@@ -9,7 +9,7 @@ from nanocompile.build import cmake_build
 from nanocompile.codegen.graph_library import GraphLibrary
 from nanocompile.compiler import compile_model
 from nanocompile.library import CompiledSession
-from nanocompile.schedule import Parallel, ScheduleError, apply, default_schedule
+from nanocompile.schedule import Parallel, ScheduleError, _loops, apply
 
 from model_files import random_weights, tiny_config
 from test_primitives_c import BOUNDED, ENVS, EXACT, _feeds, _graph
@@ -54,14 +54,6 @@ def _every_parallel_choice(k):
         except ScheduleError:
             pass
     return choices
-
-
-def _loops(body):
-    from nanocompile.loopir.ir import Loop
-    for s in body:
-        if isinstance(s, Loop):
-            yield s
-            yield from _loops(s.body)
 
 
 @pytest.mark.parametrize("name", sorted(EXACT) + sorted(BOUNDED))

@@ -1,0 +1,58 @@
+"""llama.cpp as the benchmark peer, through llama-cpp-python (the optional [bench] extra).
+
+The same weights for every engine: the default Q4_K_M GGUF requantized by llama.cpp itself to
+F32 (and Q8_0), so llama.cpp and nanocompile run identical numbers.
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+FTYPES = {"f32": 0, "q8_0": 7}
+
+
+def requantized(source: Path, precision: str, directory: Path) -> Path:
+    """source written as an F32 or Q8_0 GGUF by llama.cpp (cached next to the source's cache)."""
+    import llama_cpp
+
+    dest = directory / f"{source.stem}.{precision}.gguf"
+    if dest.exists():
+        return dest
+    directory.mkdir(parents=True, exist_ok=True)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FTYPES[precision]
+    params.allow_requantize = True
+    params.nthread = 2
+    tmp = dest.with_suffix(".tmp")
+    rc = llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize failed ({rc})")
+    tmp.rename(dest)
+    return dest
+
+
+class LlamaCppEngine:
+    """Prefill and greedy decode with llama.cpp's own KV cache, n_threads for both."""
+
+    def __init__(self, path: Path, n_ctx: int, threads: int):
+        from llama_cpp import Llama
+
+        self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                         n_batch=512, n_ubatch=512, logits_all=False, verbose=False)
+
+    def reset(self) -> None:
+        self.llm.reset()
+
+    def prefill(self, tokens: list[int]) -> None:
+        self.llm.eval(tokens)
+
+    def decode(self, token: int) -> None:
+        self.llm.eval([token])
+
+    def argmax(self) -> int:
+        """The last evaluated token's top logit (llama.cpp keeps only that row here)."""
+        import llama_cpp
+        import numpy as np
+
+        row = llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(row, shape=(self.llm.n_vocab(),))))

@@ -1,0 +1,117 @@
+"""Phase 4: schedules. Reported as llama-bench reports (pp512, tg128, tokens per second), with
+medians and minima beside the means; every engine at two threads, alternating in one run:
+
+    nanocompile, scheduled (parallel loops on the pool)
+    nanocompile, unscheduled (phase 3's library, one thread)
+    llama.cpp through llama-cpp-python, on an F32 GGUF of the same weights
+    transformers eager
+
+and the decode step against the bandwidth roofline (bytes per step from the loop IR over the
+read bandwidth bench/probe measured).
+
+    python -m bench.phase4 [--pp 512] [--tg 128] [--rounds 2]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from bench.common import THREADS, append, pin_threads, summary, timed_session, timed_transformers
+
+pin_threads()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pp", type=int, default=512)
+    ap.add_argument("--tg", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--no-llama", action="store_true")
+    args = ap.parse_args()
+
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(THREADS)
+    import sys
+    sys.path.insert(0, "tests")
+    from oracle import build_oracle
+
+    from bench import probe
+    from nanocompile.library import CompiledSession
+    from nanocompile.loopir.work import bytes_per_run
+    from nanocompile.models import cache, load_model
+
+    machine = probe.latest() or probe.measure()
+    model = load_model("default", progress=False)
+    n_ctx = args.pp + args.tg + 8
+    rng = np.random.default_rng(0)
+    prompt = [int(t) for t in rng.integers(0, 150000, args.pp)]
+
+    class Llama:
+        def __init__(self, engine):
+            self.e = engine
+
+        def run(self):
+            self.e.reset()
+            t0 = time.perf_counter()
+            self.e.prefill(prompt)
+            pp = time.perf_counter() - t0
+            steps = []
+            for _ in range(args.tg):
+                s0 = time.perf_counter()
+                self.e.decode(self.e.argmax())
+                steps.append(time.perf_counter() - s0)
+            return pp, steps
+
+    scheduled = CompiledSession(model.config, model.weights, n_ctx, THREADS, model.key)
+    unscheduled = CompiledSession(model.config, model.weights, n_ctx, 1, model.key, schedule=False)
+    engines = {"nanocompile scheduled": lambda: timed_session(scheduled, prompt, args.tg),
+               "nanocompile unscheduled": lambda: timed_session(unscheduled, prompt, args.tg)}
+    if not args.no_llama:
+        from bench.llamacpp import LlamaCppEngine, requantized
+        f32 = requantized(Path(model.source), "f32", cache.cache_dir() / "requantized")
+        engines["llama.cpp F32"] = Llama(LlamaCppEngine(f32, n_ctx, THREADS)).run
+    oracle = build_oracle(model.config, model.weights)
+    engines["transformers eager"] = lambda: timed_transformers(oracle, prompt, args.tg)
+
+    pp = {k: [] for k in engines}
+    tg = {k: [] for k in engines}
+    for r in range(args.rounds):
+        names = list(engines)
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            p, steps = engines[name]()
+            pp[name].append(args.pp / p)
+            tg[name].extend(1 / s for s in steps)
+            print(f"  round {r} {name}: pp {args.pp / p:.1f} t/s, tg median {1 / statistics.median(steps):.2f} t/s",
+                  flush=True)
+
+    decode_bytes = bytes_per_run(scheduled.module.variants["last"]).evaluate({"seq": 1, "past": args.pp + args.tg // 2})
+    roofline_s = decode_bytes / (machine["read_gb_s"]["median"] * 1e9)
+    results = {}
+    print("\n| engine | threads | test | t/s (mean ± sd) | median | min | max |\n|---|---|---|---|---|---|---|")
+    for name in engines:
+        for test, samples in ((f"pp{args.pp}", pp[name]), (f"tg{args.tg}", tg[name])):
+            s = summary(samples)
+            sd = statistics.stdev(samples) if len(samples) > 1 else 0.0
+            results.setdefault(name, {})[test] = {**s, "mean": statistics.mean(samples), "sd": sd}
+            print(f"| {name} | {THREADS if name != 'nanocompile unscheduled' else 1} | {test} | "
+                  f"{statistics.mean(samples):.2f} ± {sd:.2f} | {s['median']:.2f} | {s['min']:.2f} | {s['max']:.2f} |")
+    tg_ours = results["nanocompile scheduled"][f"tg{args.tg}"]["median"]
+    fraction = roofline_s * tg_ours  # the roofline's time over ours
+    print(f"\ndecode: {decode_bytes / 1e9:.3f} GB per step at past {args.pp + args.tg // 2}, read bandwidth "
+          f"{machine['read_gb_s']['median']:.1f} GB/s -> roofline {roofline_s * 1e3:.1f} ms/step; "
+          f"scheduled runs at {fraction * 100:.1f}% of it (gate: 95%)")
+    if "llama.cpp F32" in results:
+        ratio = results["nanocompile scheduled"][f"pp{args.pp}"]["median"] / results["llama.cpp F32"][f"pp{args.pp}"]["median"]
+        print(f"prefill: nanocompile / llama.cpp F32 = {ratio:.3f}x (gate: 2.5x)")
+    append({"bench": "phase4", "pp": args.pp, "tg": args.tg, "rounds": args.rounds, "engines": results,
+            "decode_bytes": decode_bytes, "roofline_ms": roofline_s * 1e3, "roofline_fraction": fraction,
+            "probe": machine})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+/* The machine's roofline inputs, measured with the instruction mix the kernels use.
+ *
+ *   read bandwidth: every thread sums its part of a buffer far larger than the caches
+ *   vector peak: independent chains of separate vmulps and vaddps (the kernels do not contract
+ *                into FMA), 16 lanes (AVX-512) and 8 lanes (AVX2)
+ *
+ * Prints one JSON object. Usage: probe THREADS
+ */
+#define _GNU_SOURCE
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define BYTES (1u << 30) /* 1 GiB */
+#define REPEATS 5
+
+static float *buffer;
+static int n_threads;
+static double sums[64];
+static pthread_barrier_t start;
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void *read_part(void *arg)
+{
+    long t = (long)arg;
+    size_t n = BYTES / sizeof(float), lo = n * t / n_threads, hi = n * (t + 1) / n_threads;
+    __m512 a = _mm512_setzero_ps(), b = a, c = a, d = a;
+    pthread_barrier_wait(&start);
+    for (size_t i = lo; i + 64 <= hi; i += 64) {
+        a = _mm512_add_ps(a, _mm512_loadu_ps(buffer + i));
+        b = _mm512_add_ps(b, _mm512_loadu_ps(buffer + i + 16));
+        c = _mm512_add_ps(c, _mm512_loadu_ps(buffer + i + 32));
+        d = _mm512_add_ps(d, _mm512_loadu_ps(buffer + i + 48));
+    }
+    sums[t] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)));
+    return NULL;
+}
+
+#define FLOP_ITERS 20000000L
+static void *flops512(void *arg)
+{
+    long t = (long)arg;
+    __m512 x[8], y = _mm512_set1_ps(1.0000001f), z = _mm512_set1_ps(1e-7f);
+    for (int i = 0; i < 8; ++i)
+        x[i] = _mm512_set1_ps((float)i);
+    pthread_barrier_wait(&start);
+    for (long it = 0; it < FLOP_ITERS; ++it)
+        for (int i = 0; i < 8; ++i)
+            x[i] = _mm512_add_ps(_mm512_mul_ps(x[i], y), z);
+    float s = 0;
+    for (int i = 0; i < 8; ++i)
+        s += _mm512_reduce_add_ps(x[i]);
+    sums[t] = s;
+    return NULL;
+}
+
+static void *flops256(void *arg)
+{
+    long t = (long)arg;
+    __m256 x[8], y = _mm256_set1_ps(1.0000001f), z = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < 8; ++i)
+        x[i] = _mm256_set1_ps((float)i);
+    pthread_barrier_wait(&start);
+    for (long it = 0; it < FLOP_ITERS; ++it)
+        for (int i = 0; i < 8; ++i)
+            x[i] = _mm256_add_ps(_mm256_mul_ps(x[i], y), z);
+    float s = 0;
+    for (int i = 0; i < 8; ++i) {
+        float v[8];
+        _mm256_storeu_ps(v, x[i]);
+        for (int j = 0; j < 8; ++j)
+            s += v[j];
+    }
+    sums[t] = s;
+    return NULL;
+}
+
+static double run(void *(*fn)(void *))
+{
+    pthread_t th[64];
+    pthread_barrier_init(&start, NULL, (unsigned)n_threads + 1);
+    for (long t = 0; t < n_threads; ++t)
+        pthread_create(&th[t], NULL, fn, (void *)t);
+    pthread_barrier_wait(&start);
+    double t0 = now();
+    for (int t = 0; t < n_threads; ++t)
+        pthread_join(th[t], NULL);
+    double dt = now() - t0;
+    pthread_barrier_destroy(&start);
+    return dt;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv)
+{
+    n_threads = argc > 1 ? atoi(argv[1]) : 2;
+    buffer = aligned_alloc(64, BYTES);
+    for (size_t i = 0; i < BYTES / sizeof(float); ++i)
+        buffer[i] = 1.0f;
+    double bw[REPEATS], f512[REPEATS], f256[REPEATS];
+    for (int r = 0; r < REPEATS; ++r) {
+        bw[r] = BYTES / run(read_part) / 1e9;
+        f512[r] = 2.0 * 16 * 8 * FLOP_ITERS * n_threads / run(flops512) / 1e9;
+        f256[r] = 2.0 * 8 * 8 * FLOP_ITERS * n_threads / run(flops256) / 1e9;
+    }
+    qsort(bw, REPEATS, sizeof bw[0], cmp);
+    qsort(f512, REPEATS, sizeof bw[0], cmp);
+    qsort(f256, REPEATS, sizeof bw[0], cmp);
+    printf("{\"threads\": %d, \"read_gb_s\": {\"median\": %.2f, \"max\": %.2f}, "
+           "\"avx512_mul_add_gflop_s\": {\"median\": %.1f, \"max\": %.1f}, "
+           "\"avx2_mul_add_gflop_s\": {\"median\": %.1f, \"max\": %.1f}, \"check\": %g}\n",
+           n_threads, bw[REPEATS / 2], bw[REPEATS - 1], f512[REPEATS / 2], f512[REPEATS - 1], f256[REPEATS / 2],
+           f256[REPEATS - 1], sums[0]);
+    return 0;
+}
