@@ -2,16 +2,17 @@
 
 A schedule is data, a tuple of directives applied in order and printed above the kernel it
 produced. Each directive checks that it is legal where it is applied and raises ScheduleError
-otherwise. So far: Parallel, which splits a loop's iterations across the thread pool. Bitwise by
-construction: every output element is still computed by one thread, by the same operations in
-the same order.
+otherwise. Parallel splits a loop's iterations across the thread pool; UnrollJam unrolls an
+output loop and jams the copies' reduction loops into one, so one k loop carries several
+independent accumulators (dependency chains the core overlaps). Bitwise by construction: every
+output element is still computed by one thread, by the same operations in the same order.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
-from .loopir.ir import AccUpdate, IConst, Kernel, Loop, Store
+from .loopir.ir import Acc, AccInit, AccUpdate, Bin, IConst, Kernel, Loop, Store, Var
 
 
 class ScheduleError(ValueError):
@@ -25,6 +26,72 @@ class Parallel:
 
     def __str__(self) -> str:
         return f"Parallel({self.loop})"
+
+
+@dataclass(frozen=True)
+class UnrollJam:
+    """Unroll output loop `loop` by `factor` and jam the copies' reduction loops into one."""
+    loop: str
+    factor: int
+
+    def __str__(self) -> str:
+        return f"UnrollJam({self.loop}, {self.factor})"
+
+
+def _rewrite(node, var: str, replacement, suffix: str):
+    """node with Var(var) replaced and accumulator/local names suffixed (a copy of a loop body)."""
+    if isinstance(node, Var):
+        return replacement if node.name == var else node
+    if isinstance(node, Acc):
+        return Acc(node.name + suffix)
+    if isinstance(node, (AccInit, AccUpdate)):
+        return dataclasses.replace(node, name=node.name + suffix, value=_rewrite(node.value, var, replacement, suffix))
+    if isinstance(node, tuple):
+        return tuple(_rewrite(x, var, replacement, suffix) for x in node)
+    if dataclasses.is_dataclass(node):
+        changes = {f.name: _rewrite(getattr(node, f.name), var, replacement, suffix)
+                   for f in dataclasses.fields(node) if f.name not in ("var", "parallel", "name", "param", "op",
+                                                                        "dtype", "kind")}
+        return dataclasses.replace(node, **changes)
+    return node
+
+
+def _check_unroll_jam(k: Kernel, d: UnrollJam):
+    found = _find(k.body, d.loop)
+    if found is None:
+        raise ScheduleError(f"{k.name}: no loop {d.loop!r} to unroll")
+    loop, _ = found
+    if not d.loop.startswith("i"):
+        raise ScheduleError(f"{k.name}: {d.loop!r} is a reduction loop; unrolling it would reorder a sum")
+    if not isinstance(loop.extent, IConst) or loop.extent.value % d.factor or d.factor < 2:
+        size = loop.extent.value if isinstance(loop.extent, IConst) else "a symbolic number of"
+        raise ScheduleError(f"{k.name}: loop {d.loop!r} of {size} iterations is not a multiple of "
+                            f"{d.factor}")
+    inner = [s for s in loop.body if isinstance(s, Loop)]
+    if len(inner) != 1 or any(isinstance(x, Loop) for x in inner[0].body):
+        raise ScheduleError(f"{k.name}: loop {d.loop!r} must hold exactly one reduction loop, itself "
+                            f"without loops, to jam the copies' reductions into one")
+    return loop, inner[0]
+
+
+def _unroll_jam(body, d: UnrollJam, loop: Loop, reduction: Loop) -> tuple:
+    at = loop.body.index(reduction)
+    pre, post, merged = [], [], []
+    for j in range(d.factor):
+        index = Bin("+", Bin("*", Var(d.loop), IConst(d.factor)), IConst(j)) if j else \
+            Bin("*", Var(d.loop), IConst(d.factor))
+        copy = _rewrite(loop.body, d.loop, index, f"_{j}")
+        pre += copy[:at]
+        merged += copy[at].body
+        post += copy[at + 1:]
+    new = Loop(d.loop, IConst(loop.extent.value // d.factor),
+               tuple(pre) + (Loop(reduction.var, reduction.extent, tuple(merged)),) + tuple(post), loop.parallel)
+
+    def swap(stmts):
+        return tuple(new if s is loop else (dataclasses.replace(s, body=swap(s.body)) if isinstance(s, Loop) else s)
+                     for s in stmts)
+
+    return swap(body)
 
 
 def _uses(e, var: str) -> bool:
@@ -87,17 +154,24 @@ def apply(k: Kernel, schedule) -> Kernel:
     """The kernel with the schedule's directives applied, in order."""
     body = k.body
     for d in schedule:
-        if not isinstance(d, Parallel):
+        current = dataclasses.replace(k, body=body)
+        if isinstance(d, Parallel):
+            _check_parallel(current, d)
+            body = _mark(body, d.loop)
+        elif isinstance(d, UnrollJam):
+            loop, reduction = _check_unroll_jam(current, d)
+            body = _unroll_jam(body, d, loop, reduction)
+        else:
             raise ScheduleError(f"unknown schedule directive {d!r}")
-        _check_parallel(dataclasses.replace(k, body=body), d)
-        body = _mark(body, d.loop)
     return dataclasses.replace(k, body=body, schedule=tuple(schedule))
 
 
 def default_schedule(k: Kernel) -> tuple:
     """The recipe: parallelize the output loop with the most iterations known at compile time if
     it has at least 16 (a matmul's or a row kernel's columns), else the outermost output loop
-    whose size depends on seq or past (the query rows of attention), else one with at least 2."""
+    whose size depends on seq or past (the query rows of attention), else one with at least 2.
+    A parallel loop around a reduction loop is first unrolled and jammed by the largest of 8, 4
+    and 2 that divides it."""
     legal = []
     for loop in _loops(k.body):
         if loop.var.startswith("i"):
@@ -109,9 +183,17 @@ def default_schedule(k: Kernel) -> tuple:
     const = [(lp.extent.value, lp.var) for lp in legal if isinstance(lp.extent, IConst)]
     symbolic = [lp.var for lp in legal if not isinstance(lp.extent, IConst)]
     if const and max(const)[0] >= 16:
-        return (Parallel(max(const)[1]),)
-    if symbolic:
-        return (Parallel(symbolic[0]),)
-    if const and max(const)[0] >= 2:
-        return (Parallel(max(const)[1]),)
-    return ()
+        var = max(const)[1]
+    elif symbolic:
+        var = symbolic[0]
+    elif const and max(const)[0] >= 2:
+        var = max(const)[1]
+    else:
+        return ()
+    for factor in (8, 4, 2):
+        try:
+            _check_unroll_jam(k, UnrollJam(var, factor))
+            return (UnrollJam(var, factor), Parallel(var))
+        except ScheduleError:
+            continue
+    return (Parallel(var),)
