@@ -102,6 +102,15 @@ def profile(model, prompt, module) -> dict:
     return {"prefill": prefill, "decode": decode}
 
 
+def print_profile(prof: dict, top: int) -> None:
+    for phase in ("prefill", "decode"):
+        q = prof[phase]
+        print(f"profile {phase}: wall {q['wall_s'] * 1e3:.1f} ms = matmul {q['matmul_s'] * 1e3:.1f} + other kernels "
+              f"{q['other_kernels_s'] * 1e3:.1f} + outside {q['outside_s'] * 1e3:.2f} ms, {q['calls']} calls")
+        for t in q["top"][:top]:
+            print(f"    {t['kernel']:45} {t['ms']:9.2f} ms  {t['calls']} calls")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -163,12 +172,7 @@ def main() -> None:
           f"(sign test p = {sign_test(wins, args.rounds):.3f})")
     print(f"work: {json.dumps(work)}")
     print(f"compile: {json.dumps(compile_t)}")
-    for phase in ("prefill", "decode"):
-        q = prof[phase]
-        print(f"profile {phase}: wall {q['wall_s'] * 1e3:.1f} ms = matmul {q['matmul_s'] * 1e3:.1f} + other kernels "
-              f"{q['other_kernels_s'] * 1e3:.1f} + outside {q['outside_s'] * 1e3:.2f} ms, {q['calls']} calls")
-        for t in q["top"][:5]:
-            print(f"    {t['kernel']:40} {t['ms']:9.2f} ms  {t['calls']} calls")
+    print_profile(prof, 5)
     append({"bench": "phase2", "rounds": args.rounds, "prompt_tokens": args.prompt, "decode_tokens": args.decode,
             "engines": results, "compiled_over_interp_decode": ratio, "compiled_decode_wins": wins,
             "work": work, "compile": compile_t, "profile": prof})

@@ -91,7 +91,7 @@ def main() -> None:
 
     import numpy as np
 
-    from bench.phase2 import profile, work_report
+    from bench.phase2 import print_profile, profile, work_report
     from nanocompile.compiler import compile_model
     from nanocompile.library import CompiledSession
     from nanocompile.models import load_model
@@ -136,12 +136,7 @@ def main() -> None:
     for row in patterns:
         print(f"pattern {row['pattern']:9} [{row['shape']:>10}]  fused C {row['fused_us']:9.1f} us   "
               f"NumPy {row['numpy_us']:9.1f} us")
-    for phase in ("prefill", "decode"):
-        q = prof[phase]
-        print(f"profile {phase}: wall {q['wall_s'] * 1e3:.1f} ms = matmul {q['matmul_s'] * 1e3:.1f} + other kernels "
-              f"{q['other_kernels_s'] * 1e3:.1f} + outside {q['outside_s'] * 1e3:.2f} ms, {q['calls']} calls")
-        for t in q["top"][:8]:
-            print(f"    {t['kernel']:45} {t['ms']:9.2f} ms  {t['calls']} calls")
+    print_profile(prof, 8)
     append({"bench": "phase3", "rounds": args.rounds, "prompt_tokens": args.prompt, "decode_tokens": args.decode,
             "engines": results, "fused_decode_speedup": speed, "fused_prefill_speedup": pspeed,
             "fused_decode_wins": wins, "work": work, "patterns": patterns, "profile": prof})

@@ -1,7 +1,6 @@
 """Shared fixtures: the real model and its oracle are loaded once per test session."""
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 from pathlib import Path

@@ -2,9 +2,6 @@
 import subprocess
 import sys
 
-import numpy as np
-import pytest
-
 from model_files import random_weights, tiny_config, write_gguf
 
 

@@ -1,11 +1,10 @@
 """Loop IR: views, lowering, the memory plan and the work counted from it."""
-import numpy as np
 import pytest
 
 from nanocompile.compiler import compile_model, count_calls
 from nanocompile.frontend import build_qwen2
 from nanocompile.generate import DEFAULT_ARCH
-from nanocompile.ir.expr import PAST, SEQ, Expr
+from nanocompile.ir.expr import SEQ, Expr
 from nanocompile.loopir import views as V
 from nanocompile.loopir.ir import DTYPE_BYTES, format_program
 from nanocompile.loopir.lower import lower
