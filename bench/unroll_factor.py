@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-from pathlib import Path
 
 from bench.common import THREADS, append, pin_threads, summary, timed_session
 

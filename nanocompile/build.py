@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from importlib import resources
 from pathlib import Path
 
@@ -90,7 +89,3 @@ def find_or_build(module: ModelModule, progress=None) -> tuple[Path, dict]:
     cmake_build(tree, build, target=wanted["library"])
     (tree / ".built").write_text(wanted["source_sha256"])
     return library_file(build, wanted), wanted
-
-
-def say(message: str) -> None:
-    print(f"nanocompile: {message}", file=sys.stderr)

@@ -20,7 +20,6 @@ import numpy as np
 from . import __version__
 from .frontend.config import Qwen2Config
 from .frontend.qwen2 import LOGITS, build_qwen2
-from .ir.expr import Expr
 from .loopir.ir import Kernel, Program
 from .loopir.lower import lower
 from .loopir.plan import MemoryPlan, plan_memory
@@ -174,7 +173,3 @@ def schedule_kernels(kernels: dict[str, Kernel], programs=()) -> None:
 def count_calls(module: ModelModule, variant: str = "last") -> dict:
     prog = module.variants[variant]
     return {"calls": len(prog.calls), "distinct_kernels": len({c.kernel for c in prog.calls})}
-
-
-def max_bytes(e: Expr, module: ModelModule) -> int:
-    return e.evaluate({"seq": module.max_chunk, "past": module.config.max_position_embeddings})

@@ -102,7 +102,3 @@ def bytes_per_run(prog: Program) -> Expr:
     for moved in bytes_by_buffer(prog).values():
         total = total + moved
     return total
-
-
-def weight_bytes(prog: Program, kinds=("weight",)) -> int:
-    return sum(b.size.as_int() * DTYPE_BYTES[b.dtype] for b in prog.buffers.values() if b.kind in kinds)
