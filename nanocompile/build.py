@@ -33,17 +33,21 @@ def cmake_executable() -> str:
 
 
 def cmake_build(tree: Path, build: Path, options: dict | None = None, target: str | None = None,
-                quiet: bool = True) -> None:
+                quiet: bool = True) -> str:
+    """Configures and builds; returns what the compiler printed (warnings included)."""
     cmake = cmake_executable()
     configure = [cmake, "-S", str(tree), "-B", str(build)]
     configure += [f"-D{k}={v}" for k, v in (options or {}).items()]
     steps = [configure, [cmake, "--build", str(build), "-j", str(os.cpu_count() or 1)]
              + (["--target", target] if target else [])]
+    log = ""
     for cmd in steps:
         r = subprocess.run(cmd, capture_output=quiet, text=True)
+        log += (r.stdout or "") + (r.stderr or "")
         if r.returncode != 0:
             detail = (r.stdout or "")[-3000:] + (r.stderr or "")[-3000:] if quiet else ""
             raise BuildError(f"{' '.join(cmd[:2])} failed in {build}:\n{detail}")
+    return log
 
 
 def packaged_manifests() -> list[tuple[dict, Path]]:

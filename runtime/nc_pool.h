@@ -7,6 +7,8 @@
 #ifndef NC_POOL_H
 #define NC_POOL_H
 
+#include <stdint.h>
+
 typedef void (*nc_task)(void *ctx, int thread, int n_threads);
 typedef struct nc_pool nc_pool;
 
@@ -19,9 +21,9 @@ void nc_pool_run(nc_pool *pool, nc_task fn, void *ctx);
 void nc_pool_barrier(nc_pool *pool);
 
 /* The part [lo, hi) of 0..extent that thread t of n computes: contiguous, sizes differ by <= 1. */
-static inline void nc_split(long long extent, int t, int n, long long *lo, long long *hi)
+static inline void nc_split(int64_t extent, int t, int n, int64_t *lo, int64_t *hi)
 {
-    long long base = extent / n, rest = extent % n;
+    int64_t base = extent / n, rest = extent % n;
     *lo = t * base + (t < rest ? t : rest);
     *hi = *lo + base + (t < rest ? 1 : 0);
 }

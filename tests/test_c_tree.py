@@ -52,7 +52,8 @@ def test_tree_builds_and_the_driver_agrees_with_python_bitwise(tiny_tree, monkey
     for name in ("model.c", "model.h", "driver.c", "CMakeLists.txt", "sources.cmake", "manifest.json",
                  "runtime/nc_runtime.c", "runtime/nc_runtime.h", "cmake/nanocompile.cmake", "weights.bin"):
         assert (src / name).exists(), name
-    cmake_build(src, d / "build")
+    log = cmake_build(src, d / "build")
+    assert "warning:" not in log, log  # generated C compiles clean under -Wall -Wextra
     lines = _run_driver(d / "build", src / "weights.bin")
 
     monkeypatch.setenv("NANOCOMPILE_CACHE", str(d / "cache"))
