@@ -40,8 +40,12 @@ def slug(e: Expr) -> str:
     return text.replace(" + ", "p").replace(" - ", "m").replace("*", "")
 
 
-def extent(e: Expr):
+def _const_or_poly(e: Expr):
+    """A polynomial in seq and past as an int64 expression: a literal when it is constant."""
     return IConst(e.as_int()) if e.is_const else Poly(e)
+
+
+extent = _const_or_poly
 
 
 def index_of(offset: Expr, terms) -> object:
@@ -53,9 +57,9 @@ def index_of(offset: Expr, terms) -> object:
         if stride == 1:
             parts.append(idx)
         else:
-            parts.append(Bin("*", idx, IConst(stride.as_int()) if stride.is_const else Poly(stride)))
+            parts.append(Bin("*", idx, _const_or_poly(stride)))
     if offset != 0:
-        parts.insert(0, IConst(offset.as_int()) if offset.is_const else Poly(offset))
+        parts.insert(0, _const_or_poly(offset))
     if not parts:
         return IConst(0)
     out = parts[0]
@@ -120,10 +124,6 @@ def _vars_of(e) -> set[str]:
         if hasattr(e, f):
             out |= _vars_of(getattr(e, f))
     return out
-
-
-def _const_or_poly(e: Expr):
-    return IConst(e.as_int()) if e.is_const else Poly(e)
 
 
 def _unravel(idx, shape, src_shape) -> list:
@@ -230,7 +230,7 @@ class KernelBody:
             axis, start = m.attrs
             out = list(idx)
             if start != 0:
-                out[axis] = Bin("+", out[axis], IConst(start.as_int()) if start.is_const else Poly(start))
+                out[axis] = Bin("+", out[axis], _const_or_poly(start))
             return out
         if m.kind == "reshape":
             return _unravel(idx, m.shape, src_shape)
@@ -331,13 +331,13 @@ class KernelBody:
             for a, d, start in reversed(list(zip(args, dts, starts))):
                 j = list(idx)
                 if start != 0:
-                    j[axis] = Bin("-", idx[axis], IConst(start.as_int()) if start.is_const else Poly(start))
+                    j[axis] = Bin("-", idx[axis], _const_or_poly(start))
                 part = self.load(a, d, j)
                 if value is None:
                     value = part
                 else:
                     end = start + a.shape[axis]
-                    value = Select(Bin("<", idx[axis], IConst(end.as_int()) if end.is_const else Poly(end)),
+                    value = Select(Bin("<", idx[axis], _const_or_poly(end)),
                                    part, value)
             return value
         raise LoweringError(f"no lowering for primitive {n.op!r}")
