@@ -26,9 +26,8 @@ from .loopir.plan import MemoryPlan, plan_memory
 from .passes.cse import cse
 from .passes.fold import fold_constants
 from .passes.fusion import plan_fusion
-from .schedule import apply as apply_schedule
-from .schedule import default_schedule
-from .target import detect_march
+from .schedule.program import schedule_program
+from .target import detect_march, vector_lanes
 
 GENERATOR = f"nanocompile {__version__} codegen 1"
 DEFAULT_CHUNK = 64
@@ -43,6 +42,7 @@ class WeightSlot:
     shape: tuple[int, ...]
     offset: int       # bytes from the start of the packed file
     nbytes: int
+    packed: tuple = ()  # (row, block): stored in the blocked layout schedule.Pack reads; () row-major
 
 
 @dataclass
@@ -87,8 +87,8 @@ class ModelModule:
     @property
     def layout_hash(self) -> str:
         """Identifies the packed weights file layout this library reads."""
-        table = [(w.name, w.shape, w.offset, w.nbytes) for w in self.weights]
-        what = [json.loads(self.config.to_json()), self.precision, table]  # not the kernels: fused or not, same file
+        table = [(w.name, w.shape, w.offset, w.nbytes, list(w.packed)) for w in self.weights]
+        what = [json.loads(self.config.to_json()), self.precision, table]  # the kernels only through the layouts
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
     @property
@@ -158,16 +158,9 @@ def compile_model(cfg: Qwen2Config, precision: str = "f32", max_chunk: int = DEF
         module.consts.update(prog.consts)
     module.weights = _weight_layout(cfg, module.variants["all"])
     if schedule:
-        schedule_kernels(module.kernels, module.variants.values())
+        packed = schedule_program(module.kernels, module.variants.values(), vector_lanes(module.march))
+        module.weights = [dataclasses.replace(w, packed=packed.get(w.buffer, ())) for w in module.weights]
     return module
-
-
-def schedule_kernels(kernels: dict[str, Kernel], programs=()) -> None:
-    """Applies each kernel's default schedule in place (and in the programs that use it)."""
-    for name, k in list(kernels.items()):
-        kernels[name] = apply_schedule(k, default_schedule(k))
-    for prog in programs:
-        prog.kernels = {n: kernels[n] for n in prog.kernels}
 
 
 def count_calls(module: ModelModule, variant: str = "last") -> dict:

@@ -1,5 +1,6 @@
 """The packed weights file a compiled library reads: a 4096-byte header (magic, version, the
-layout hash), then every tensor in float32 at the offset the library was compiled with."""
+layout hash), then every tensor in float32 at the offset the library was compiled with, in the
+layout its kernels read (row-major, or blocked where a schedule packs it)."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,7 @@ import numpy as np
 
 from .compiler import HEADER_BYTES, ModelModule
 from .errors import ModelError
+from .schedule.pack import pack_array
 
 MAGIC = b"NCWEIGHT"
 VERSION = 1
@@ -34,6 +36,8 @@ def pack_weights(module: ModelModule, weights: dict[str, np.ndarray], dest: Path
                 if array.shape != slot.shape:
                     raise ModelError(f"weight {slot.name!r} has shape {list(array.shape)}, the library "
                                      f"expects {list(slot.shape)}")
+                if slot.packed:
+                    array = pack_array(array, *slot.packed)
                 f.seek(slot.offset)
                 f.write(memoryview(array).cast("B"))
                 if progress:

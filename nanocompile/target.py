@@ -40,3 +40,11 @@ def detect_march(flags: frozenset[str] | None = None) -> tuple[str, list[str]]:
 
 def missing_flags(required) -> list[str]:
     return sorted(set(required) - cpu_flags())
+
+
+def vector_lanes(march: str) -> int:
+    """float32 lanes of the widest vector the level has: 16 (AVX-512), 8 (AVX2), else 0 (scalar)."""
+    if march == "native":
+        flags = cpu_flags()
+        return 16 if "avx512f" in flags else 8 if "avx2" in flags else 0
+    return {"x86-64-v4": 16, "x86-64-v3": 8}.get(march, 0)

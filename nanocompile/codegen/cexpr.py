@@ -6,7 +6,8 @@ import math
 import numpy as np
 
 from ..ir.expr import Expr
-from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, Cast, FConst, IConst, Load, Loop, Poly, Select, Store,
+from ..loopir.affine import build, linear
+from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, Cast, FConst, IConst, Lane, Load, Loop, Poly, Select, Store,
                          Un, Var)
 
 C_TYPES = {"f32": "float", "i32": "int32_t", "bool": "uint8_t", "i64": "int64_t"}
@@ -81,13 +82,17 @@ def c(e, top: bool = True) -> str:
     raise TypeError(f"not a loop-IR expression: {e!r}")
 
 
-def statements(body) -> list[dict]:
-    """Plain data for templates/kernel.c.j2: loops and lines of C."""
+def statements(body, vector=None) -> list[dict]:
+    """Plain data for templates/kernel.c.j2: loops and lines of C. Inside a vector loop, vector
+    is the VectorC that renders its lanes."""
     out = []
     for s in body:
         if isinstance(s, Loop):
-            out.append({"kind": "loop", "var": s.var, "extent": c(s.extent), "body": statements(s.body),
+            inner = VectorC(s.lanes, s.body) if s.lanes else vector
+            out.append({"kind": "loop", "var": s.var, "extent": c(s.extent), "body": statements(s.body, inner),
                         "parallel": s.parallel})
+        elif vector is not None:
+            out.append({"kind": "line", "text": vector.statement(s)})
         elif isinstance(s, Store):
             out.append({"kind": "line", "text": f"{s.param}[{c(s.index)}] = {c(s.value)};"})
         elif isinstance(s, AccInit):
@@ -99,3 +104,85 @@ def statements(body) -> list[dict]:
         else:
             raise TypeError(f"not a loop-IR statement: {s!r}")
     return out
+
+
+class VectorC:
+    """C for the statements of a vector loop of `lanes` lanes (GCC vector extensions, runtime/
+    nc_vector.h). A value is a vector if it reads a load that differs between lanes; the others
+    are scalars, which C broadcasts where they meet a vector (a bit-exact copy)."""
+
+    def __init__(self, lanes: int, body):
+        self.lanes = lanes
+        self.vtype = f"nc_f32x{lanes}"
+        self.vectors: set[str] = set()  # accumulators held as vectors
+        changed = True
+        while changed:  # an accumulator is a vector if any value assigned to it is
+            changed = False
+            for s in _all_statements(body):
+                if isinstance(s, (AccInit, AccUpdate)) and s.name not in self.vectors and self.is_vector(s.value):
+                    self.vectors.add(s.name)
+                    changed = True
+
+    def is_vector(self, e) -> bool:
+        if isinstance(e, Load):
+            return linear(e.index)[0].get(Lane(), 0) != 0
+        if isinstance(e, Acc):
+            return e.name in self.vectors
+        return any(self.is_vector(getattr(e, f)) for f in ("cond", "a", "b") if hasattr(e, f))
+
+    def address(self, param: str, index) -> str:
+        """The address of lane 0's element."""
+        terms, const = linear(index)
+        terms.pop(Lane(), None)
+        base = c(build(terms, const))
+        if base == "0":
+            return param
+        return f"{param} + {base}" if base.isidentifier() or base.isdigit() else f"{param} + ({base})"
+
+    def splat(self, e) -> str:
+        return self.expr(e) if self.is_vector(e) else f"nc_splat{self.lanes}({c(e)})"
+
+    def expr(self, e, top: bool = True) -> str:
+        if not self.is_vector(e):
+            return c(e, top)
+
+        def wrap(text):
+            return text if top else f"({text})"
+
+        if isinstance(e, Load):
+            return f"nc_load{self.lanes}({self.address(e.param, e.index)})"
+        if isinstance(e, Acc):
+            return e.name
+        if isinstance(e, Bin):
+            return wrap(f"{self.expr(e.a, False)} {e.op} {self.expr(e.b, False)}")
+        if isinstance(e, Un):
+            if e.op == "neg":
+                return f"-{self.expr(e.a, False)}"
+            if e.op == "reciprocal":
+                return wrap(f"1.0f / {self.expr(e.a, False)}")
+            return f"nc_{UNARY[e.op]}{self.lanes}({self.expr(e.a)})"
+        if isinstance(e, Select):  # a condition the same in every lane (Vectorize refuses others)
+            return wrap(f"{c(e.cond, False)} ? {self.splat(e.a)} : {self.splat(e.b)}")
+        raise TypeError(f"no vector form for {e!r}")
+
+    def statement(self, s) -> str:
+        if isinstance(s, Store):
+            return f"nc_store{self.lanes}({self.address(s.param, s.index)}, {self.splat(s.value)});"
+        if isinstance(s, AccInit):
+            if s.name in self.vectors:
+                return f"{self.vtype} {s.name} = {self.splat(s.value)};"
+            return f"{C_TYPES[s.dtype]} {s.name} = {c(s.value)};"
+        if isinstance(s, AccUpdate):
+            if s.kind == "sum":
+                return f"{s.name} = {self.expr(s.value)};"
+            if s.name in self.vectors:
+                return f"{s.name} = nc_max_nan{self.lanes}({s.name}, {self.splat(s.value)});"
+            return f"{s.name} = nc_max_nan({s.name}, {c(s.value)});"
+        raise TypeError(f"not a loop-IR statement: {s!r}")
+
+
+def _all_statements(body):
+    for s in body:
+        yield s
+        if isinstance(s, Loop):
+            yield from _all_statements(s.body)

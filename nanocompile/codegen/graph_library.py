@@ -21,6 +21,7 @@ from ..ir.expr import evaluate_shape
 from ..ir.graph import Graph
 from ..loopir.lower import buffer_name, lower
 from ..loopir.plan import plan_memory
+from ..schedule.pack import pack_array
 from .cexpr import C_TYPES, float_literal
 from .render import _kernel_data, data_root, environment
 
@@ -37,10 +38,12 @@ def render_graph(graph: Graph, max_seq: int = 16, max_past: int = 16, fuse: bool
         from ..compiler import optimize
         graph, fusion = optimize(graph)
     prog = lower(graph, graph.name, model=False, plan=fusion)
+    packed = {}
     if schedule is not None:
-        from ..schedule import apply, default_schedule
-        choose = default_schedule if schedule == "default" else schedule
-        prog.kernels = {n: apply(k, choose(k)) for n, k in prog.kernels.items()}
+        from ..schedule.program import schedule_program
+        from ..target import vector_lanes
+        packed = schedule_program(prog.kernels, [prog], vector_lanes("native"),
+                                  None if schedule == "default" else schedule)
     plan = plan_memory(prog, max_seq, max_past)
     external = [b for b in prog.buffers.values() if b.kind in ("input", "weight", "output")]
     external.sort(key=lambda b: ({"input": 0, "weight": 1, "output": 2}[b.kind], b.name))
@@ -54,7 +57,8 @@ def render_graph(graph: Graph, max_seq: int = 16, max_past: int = 16, fuse: bool
         "kernels": [_kernel_data(k) for k in prog.kernels.values()],
         "arena": [{"name": s.buffer, "ctype": C_TYPES[prog.buffers[s.buffer].dtype], "offset": s.offset,
                    "note": prog.buffers[s.buffer].note} for s in sorted(plan.slots.values(), key=lambda s: s.first)],
-        "external": [{"name": b.name, "kind": b.kind, "ctype": C_TYPES[b.dtype], "note": b.note} for b in external],
+        "external": [{"name": b.name, "kind": b.kind, "ctype": C_TYPES[b.dtype], "note": b.note,
+                      "packed": packed.get(b.name, ())} for b in external],
         "calls": [{"kernel": c.kernel, "args": list(c.args)} for c in prog.calls],
     }
     text = environment().get_template("graph.c.j2").render(**data)
@@ -118,6 +122,8 @@ class GraphLibrary:
                 pointers.append(padded.ctypes.data + guard * padded.itemsize)
             else:
                 array = np.ascontiguousarray(names[b["name"]])
+                if b["packed"]:
+                    array = pack_array(array, *b["packed"])
                 keep.append(array)
                 pointers.append(array.ctypes.data)
         self.fn((ctypes.c_void_p * len(pointers))(*pointers), env["seq"], env.get("past", 0), threads)

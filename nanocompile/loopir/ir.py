@@ -20,6 +20,11 @@ class Var:
 
 
 @dataclass(frozen=True)
+class Lane:
+    """The lane of a vectorized loop (0..lanes-1): an int64 that differs between lanes."""
+
+
+@dataclass(frozen=True)
 class Poly:
     """A polynomial in seq and past, as an int64 value."""
     expr: Expr
@@ -80,6 +85,7 @@ class Loop:
     extent: object  # int64 expression
     body: tuple
     parallel: bool = False  # iterations split across the threads of the pool
+    lanes: int = 0  # >0: the body runs on `lanes` lanes at once, Lane() telling them apart
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,7 @@ class Kernel:
     # the output's logical shape, for the name and the comment
     shape_note: str = ""
     schedule: tuple = ()  # the directives applied to it, printed above it
+    lowered: tuple = ()   # the body before the schedule: what it computes, the same work
 
     def key(self) -> tuple:
         """Two kernels with equal keys compute the same thing: one C function serves both."""
@@ -160,6 +167,8 @@ DTYPE_BYTES = {"f32": 4, "i32": 4, "bool": 1}
 def format_expr(e) -> str:
     if isinstance(e, Var):
         return e.name
+    if isinstance(e, Lane):
+        return "lane"
     if isinstance(e, Poly):
         text = str(e.expr)
         return text if text.isidentifier() or text.isdigit() else f"({text})"
@@ -187,7 +196,7 @@ def format_stmts(body, indent: int = 0) -> list[str]:
     lines = []
     for s in body:
         if isinstance(s, Loop):
-            kind = "parallel for" if s.parallel else "for"
+            kind = ("parallel " if s.parallel else "") + (f"vector({s.lanes}) " if s.lanes else "") + "for"
             lines.append(f"{pad}{kind} {s.var} in 0..{format_expr(s.extent)}:")
             lines.extend(format_stmts(s.body, indent + 1))
         elif isinstance(s, Store):

@@ -82,7 +82,7 @@ def kernel_bytes(k: Kernel) -> dict[str, Expr]:
                 for ld in _loads(s.value):
                     count(ld.param, ld.index, loops)
 
-    walk(k.body, [])
+    walk(k.lowered or k.body, [])  # a schedule moves the same elements
     return moved
 
 

@@ -1,0 +1,72 @@
+"""The schedule directives: plain data, applied in order by schedule.apply."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ScheduleError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Split:
+    """Split loop `loop` into {loop}o (extent // factor) around {loop}i (factor), and a tail loop
+    {loop}t for the extent % factor iterations left (omitted when the extent is a known multiple)."""
+    loop: str
+    factor: int
+
+    def __str__(self) -> str:
+        return f"Split({self.loop}, {self.factor})"
+
+
+@dataclass(frozen=True)
+class Reorder:
+    """Swap two perfectly nested output loops: `outer` holds only `inner`."""
+    outer: str
+    inner: str
+
+    def __str__(self) -> str:
+        return f"Reorder({self.outer}, {self.inner})"
+
+
+@dataclass(frozen=True)
+class UnrollJam:
+    """Unroll output loop `loop` by `factor` and jam the copies' reduction loops into one; the
+    copies' accumulators stay in registers (they are privatized locals of the loop body)."""
+    loop: str
+    factor: int
+
+    def __str__(self) -> str:
+        return f"UnrollJam({self.loop}, {self.factor})"
+
+
+@dataclass(frozen=True)
+class Vectorize:
+    """Run `lanes` consecutive iterations of output loop `loop` as the lanes of one vector."""
+    loop: str
+    lanes: int
+
+    def __str__(self) -> str:
+        return f"Vectorize({self.loop}, {self.lanes})"
+
+
+@dataclass(frozen=True)
+class Pack:
+    """Read parameter `param`, a weight of rows of `row` elements, in the blocked layout
+    [rows / block, row, block]: element (n, k) at ((n / block) * row + k) * block + n % block, so
+    `block` consecutive rows are contiguous at each k (one vector load across output columns)."""
+    param: str
+    row: int
+    block: int
+
+    def __str__(self) -> str:
+        return f"Pack({self.param}, {self.row}, {self.block})"
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """Split the iterations of loop `loop` across the threads."""
+    loop: str
+
+    def __str__(self) -> str:
+        return f"Parallel({self.loop})"

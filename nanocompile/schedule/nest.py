@@ -1,0 +1,100 @@
+"""Walking and rewriting a kernel's loop nest: the helpers every directive shares."""
+from __future__ import annotations
+
+import dataclasses
+
+from ..loopir.ir import Acc, AccInit, AccUpdate, Bin, Cast, Load, Loop, Select, Store, Un, Var
+
+
+def stmts(body):
+    """Every statement of body, loops before their bodies."""
+    for s in body:
+        yield s
+        if isinstance(s, Loop):
+            yield from stmts(s.body)
+
+
+def loops(body) -> list:
+    return [s for s in stmts(body) if isinstance(s, Loop)]
+
+
+def find(body, var: str, outer=()):
+    """(the loop over var, the loops around it), or None."""
+    for s in body:
+        if isinstance(s, Loop):
+            if s.var == var:
+                return s, outer
+            found = find(s.body, var, outer + (s,))
+            if found:
+                return found
+    return None
+
+
+def replace(body, old: Loop, new: tuple) -> tuple:
+    """body with the loop `old` (by identity) replaced by the statements `new`."""
+    out = []
+    for s in body:
+        if s is old:
+            out.extend(new)
+        elif isinstance(s, Loop):
+            out.append(dataclasses.replace(s, body=replace(s.body, old, new)))
+        else:
+            out.append(s)
+    return tuple(out)
+
+
+def rewrite(node, var: str, replacement, suffix: str = ""):
+    """node with Var(var) replaced and accumulator names suffixed (a copy of a loop body)."""
+    if isinstance(node, Var):
+        return replacement if node.name == var else node
+    if isinstance(node, Acc):
+        return Acc(node.name + suffix)
+    if isinstance(node, (AccInit, AccUpdate)):
+        return dataclasses.replace(node, name=node.name + suffix, value=rewrite(node.value, var, replacement, suffix))
+    if isinstance(node, tuple):
+        return tuple(rewrite(x, var, replacement, suffix) for x in node)
+    if dataclasses.is_dataclass(node):
+        changes = {f.name: rewrite(getattr(node, f.name), var, replacement, suffix)
+                   for f in dataclasses.fields(node) if f.name not in ("var", "parallel", "lanes", "name", "param",
+                                                                        "op", "dtype", "kind")}
+        return dataclasses.replace(node, **changes)
+    return node
+
+
+def uses(e, var: str) -> bool:
+    if isinstance(e, Var):
+        return e.name == var
+    return any(uses(getattr(e, f), var) for f in ("a", "b", "cond", "index") if hasattr(e, f))
+
+
+def contains(e, kind) -> bool:
+    """Whether an expression has a node of type `kind`."""
+    if isinstance(e, kind):
+        return True
+    return any(contains(getattr(e, f), kind) for f in ("a", "b", "cond", "index") if hasattr(e, f))
+
+
+def loads(e):
+    """Every Load in an expression, outermost first."""
+    if isinstance(e, Load):
+        yield e
+        yield from loads(e.index)
+    elif isinstance(e, (Bin, Select, Un, Cast)):
+        for f in ("cond", "a", "b"):
+            if hasattr(e, f):
+                yield from loads(getattr(e, f))
+
+
+def values(s) -> list:
+    """The expressions a statement evaluates (not counting a store's index)."""
+    if isinstance(s, Loop):
+        return [s.extent]
+    if isinstance(s, Store):
+        return [s.value]
+    return [s.value]
+
+
+def body_loads(body):
+    for s in stmts(body):
+        for e in values(s) + ([s.index] if isinstance(s, Store) else []):
+            yield from loads(e)

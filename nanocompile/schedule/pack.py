@@ -1,0 +1,137 @@
+"""Pack: a weight read in a blocked layout, and what that means for the weights file.
+
+A weight of N rows of `row` elements (a projection's [out, in]) is stored as [N / block, row,
+block]: at each k, `block` consecutive output columns are adjacent, so a vector loop across
+output columns loads them at once, and each column's sum still runs over k in order.
+
+Layout is a property of a buffer, not of one kernel: every kernel that reads a packed weight
+must read it packed (weight_layouts checks this across a program's calls).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..loopir.affine import build, linear
+from ..loopir.ir import Bin, IConst, Kernel, Lane, Load, Loop, Var
+from .directives import Pack, ScheduleError
+from .nest import find, stmts
+
+_LOAD_FIELDS = ("cond", "a", "b", "index")
+
+
+def _range(k: Kernel, atom, lanes: dict) -> int | None:
+    """The largest value an index atom takes, if it is a loop variable or a lane."""
+    if isinstance(atom, Lane):
+        return lanes.get("lane")
+    if isinstance(atom, Var):
+        found = find(k.body, atom.name)
+        if found and isinstance(found[0].extent, IConst):
+            return found[0].extent.value - 1
+    return None
+
+
+def packed_index(k: Kernel, d: Pack, index, lanes: dict):
+    """The blocked-layout index of the element a row-major index names."""
+    terms, const = linear(index)
+    row_terms = {a: c // d.row for a, c in terms.items() if c % d.row == 0}
+    col_terms = {a: c for a, c in terms.items() if c % d.row}
+    row_const, col_const = divmod(const, d.row)
+    top = col_const
+    for atom, c in col_terms.items():
+        most = _range(k, atom, lanes)
+        if most is None or c < 0:
+            raise ScheduleError(f"{k.name}: cannot tell which part of the index of {d.param} is the column")
+        top += c * most
+    if top >= d.row:
+        raise ScheduleError(f"{k.name}: {d.param} is read across rows of {d.row}; it is not a [rows, {d.row}] "
+                            f"weight read row by row")
+    b, column = d.block, build(col_terms, col_const)
+    lane_c = row_terms.pop(Lane(), 0)
+    if lane_c in (0, 1) and row_const % b == 0 and all(c % b == 0 for c in row_terms.values()):
+        # the row is block * b + lane (or a multiple of b): no division needed
+        blocks = {a: c // b * d.row * b for a, c in row_terms.items()}
+        terms = {**blocks, **{a: c * b for a, c in col_terms.items()}}
+        if lane_c:
+            terms[Lane()] = 1
+        return build(terms, row_const // b * d.row * b + col_const * b)
+    if lane_c:
+        raise ScheduleError(f"{k.name}: the lanes read rows of {d.param} that do not start a block of {b}")
+    # any other row expression (a token id read from memory): divide it into block and offset
+    n = build(row_terms, row_const)
+    return Bin("+", Bin("*", Bin("+", Bin("*", Bin("/", n, IConst(b)), IConst(d.row)), column), IConst(b)),
+               Bin("%", n, IConst(b)))
+
+
+def _rewrite_loads(k: Kernel, d: Pack, e, lanes: dict):
+    if isinstance(e, Load):
+        index = _rewrite_loads(k, d, e.index, lanes)
+        return Load(e.param, packed_index(k, d, index, lanes) if e.param == d.param else index)
+    if hasattr(e, "__dataclass_fields__") and any(hasattr(e, f) for f in _LOAD_FIELDS):
+        return dataclasses.replace(e, **{f: _rewrite_loads(k, d, getattr(e, f), lanes)
+                                         for f in _LOAD_FIELDS if hasattr(e, f)})
+    return e
+
+
+def pack(k: Kernel, d: Pack) -> tuple:
+    param = next((p for p in k.params if p.name == d.param), None)
+    if param is None:
+        raise ScheduleError(f"{k.name}: no parameter {d.param!r} to pack")
+    if param.access != "read" or param.dtype != "f32":
+        raise ScheduleError(f"{k.name}: {d.param} is {param.access} {param.dtype}; only float32 weights the kernel "
+                            f"reads are packed")
+    if d.block not in (8, 16) or d.row < 1:
+        raise ScheduleError(f"{k.name}: Pack({d.param}) needs rows of at least 1 and blocks of 8 or 16")
+    if any(isinstance(s, Loop) and s.lanes and s.lanes != d.block for s in stmts(k.body)):
+        raise ScheduleError(f"{k.name}: blocks of {d.block} for a loop of other lanes")
+    return _transform(k, d, k.body, {})
+
+
+def _transform(k: Kernel, d: Pack, body, lanes: dict) -> tuple:
+    out = []
+    for s in body:
+        if isinstance(s, Loop):
+            inner = {"lane": s.lanes - 1} if s.lanes else lanes
+            out.append(dataclasses.replace(s, extent=_rewrite_loads(k, d, s.extent, lanes),
+                                           body=_transform(k, d, s.body, inner)))
+        else:
+            changes = {"value": _rewrite_loads(k, d, s.value, lanes)}
+            if hasattr(s, "index"):
+                changes["index"] = _rewrite_loads(k, d, s.index, lanes)
+            out.append(dataclasses.replace(s, **changes))
+    return tuple(out)
+
+
+# the weights file -------------------------------------------------------------------------------
+
+def pack_array(array: np.ndarray, row: int, block: int) -> np.ndarray:
+    """A row-major weight in the blocked layout Pack(row, block) reads."""
+    flat = np.ascontiguousarray(array).reshape(-1, row)
+    if flat.shape[0] % block:
+        raise ValueError(f"{flat.shape[0]} rows do not divide into blocks of {block}")
+    return np.ascontiguousarray(flat.reshape(-1, block, row).transpose(0, 2, 1)).reshape(array.shape)
+
+
+def weight_layouts(kernels: dict, calls, buffers: dict) -> dict[str, tuple[int, int]]:
+    """Buffer name -> (row, block) for every packed weight; raises if kernels disagree."""
+    layouts: dict[str, tuple | None] = {}
+    for call in calls:
+        k = kernels[call.kernel]
+        packs = {d.param: (d.row, d.block) for d in k.schedule if isinstance(d, Pack)}
+        for param, buffer in zip(k.params, call.args):
+            layout = packs.get(param.name)
+            if layout is not None and buffers[buffer].kind != "weight":
+                raise ScheduleError(f"{k.name}: Pack({param.name}) on {buffer}, which is not a weight")
+            if buffers[buffer].kind != "weight":
+                continue
+            if buffer in layouts and layouts[buffer] != layout:
+                raise ScheduleError(f"{buffer} is read as {_describe(layouts[buffer])} by one kernel and as "
+                                    f"{_describe(layout)} by {k.name}")
+            layouts[buffer] = layout
+    return {b: lay for b, lay in layouts.items() if lay is not None}
+
+
+def _describe(layout) -> str:
+    return "row-major" if layout is None else f"blocks of {layout[1]} rows of {layout[0]}"
+

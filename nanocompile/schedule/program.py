@@ -1,0 +1,63 @@
+"""Scheduling a whole program: each kernel's recipe, then the weight layouts they agree on.
+
+A weight one kernel reads packed must be read packed by every kernel that reads it (the tied
+embedding is both the logits' projection and the token gather), so a kernel that reads a packed
+weight without packing it gets the Pack directive added in front of its schedule.
+"""
+from __future__ import annotations
+
+from ..loopir.ir import Kernel
+from .directives import Pack
+from .pack import weight_layouts
+from .recipes import default_schedule
+
+
+def weight_params(kernels: dict[str, Kernel], programs) -> dict[str, frozenset]:
+    """Kernel name -> the parameters bound to a weight buffer in every call."""
+    seen: dict[str, dict[str, bool]] = {}
+    for prog in programs:
+        for call in prog.calls:
+            k = kernels[call.kernel]
+            flags = seen.setdefault(call.kernel, {p.name: True for p in k.params})
+            for p, buffer in zip(k.params, call.args):
+                flags[p.name] = flags[p.name] and prog.buffers[buffer].kind == "weight"
+    return {name: frozenset(p for p, ok in flags.items() if ok) for name, flags in seen.items()}
+
+
+def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=None) -> dict[str, tuple[int, int]]:
+    """Schedules every kernel in place; returns buffer -> (row, block) for the packed weights.
+    choose(kernel) -> directives replaces the recipes (tests use it to try other schedules)."""
+    from . import apply
+    programs = list(programs)
+    weights = weight_params(kernels, programs)
+    schedules = {name: tuple(choose(k) if choose else default_schedule(k, lanes, weights.get(name, ())))
+                 for name, k in kernels.items()}
+
+    def layouts():
+        tagged = {name: _with_schedule(k, schedules[name]) for name, k in kernels.items()}
+        out = {}
+        for prog in programs:
+            out.update(weight_layouts(tagged, prog.calls, prog.buffers))
+        return out
+
+    packed = layouts()
+    for prog in programs:
+        for call in prog.calls:
+            k = kernels[call.kernel]
+            have = {d.param for d in schedules[call.kernel] if isinstance(d, Pack)}
+            for p, buffer in zip(k.params, call.args):
+                if buffer in packed and p.name not in have:
+                    row, block = packed[buffer]
+                    schedules[call.kernel] = (Pack(p.name, row, block),) + schedules[call.kernel]
+                    have.add(p.name)
+    packed = layouts()  # raises if a parameter is bound to a packed and an unpacked weight
+    for name, k in list(kernels.items()):
+        kernels[name] = apply(k, schedules[name])
+    for prog in programs:
+        prog.kernels = {n: kernels[n] for n in prog.kernels}
+    return packed
+
+
+def _with_schedule(k: Kernel, schedule) -> Kernel:
+    import dataclasses
+    return dataclasses.replace(k, schedule=tuple(schedule))

@@ -1,0 +1,121 @@
+"""Recipes: the schedule each class of kernel gets, with fallbacks.
+
+A recipe is a list of candidate schedules, best first; the first one that is legal for the
+kernel wins, and the last resort is the kernel as fusion wrote it. The classes:
+
+  projection matmul  a column loop over a weight's rows around a reduction over its row:
+                     vectorize the columns, pack the weight so the lanes' columns are adjacent,
+                     unroll-and-jam more columns, then move the rows inside and tile them by 4,
+                     so each block of weights is reused by 4 rows from cache (prefill), and split
+                     the column blocks across threads;
+  attention values   probabilities times the V cache: vectorize the head dimension (contiguous
+                     in the cache), move query rows inside and unroll-and-jam 8 of them;
+  attention scores   queries times the K cache: the key loop is symbolic, so split it by 8 and
+                     unroll-and-jam the 8 (independent accumulators), split rows across threads;
+  row and elementwise kernels: vectorize an innermost loop if it can be, then the basic recipe;
+  basic              parallelize the output loop with the most iterations known at compile time
+                     (>= 16), else the outermost symbolic one, unrolled and jammed by 8, 4 or 2.
+"""
+from __future__ import annotations
+
+from ..loopir.ir import IConst, Kernel, Loop
+from .directives import Pack, Parallel, Reorder, ScheduleError, Split, UnrollJam, Vectorize
+from .nest import body_loads, find, loops
+
+ROW_TILE = 4        # rows sharing each vector of weights in a projection
+ATTENTION_ROWS = 8  # query rows unrolled and jammed in attention
+REGISTER_ACCUMULATORS = 16  # vector accumulators one tile may hold (of 32 AVX-512 registers)
+
+
+def default_schedule(k: Kernel, lanes: int = 0, weights=frozenset()) -> tuple:
+    """The first legal candidate of the kernel's recipes. lanes: 16 (AVX-512), 8 (AVX2) or 0
+    (no vector code); weights: the parameters bound to weights, which may be packed."""
+    from . import apply
+    for schedule in _candidates(k, lanes, frozenset(weights)):
+        try:
+            apply(k, schedule)
+        except ScheduleError:
+            continue
+        return tuple(schedule)
+    return ()
+
+
+def _column_loop(k: Kernel):
+    """(column loop, the output loop around it or None, reduction loop) for the first output
+    loop that directly holds one reduction loop without loops inside, or None."""
+    for lp in loops(k.body):
+        inner = [s for s in lp.body if isinstance(s, Loop)]
+        if lp.var.startswith("i") and len(inner) == 1 and not inner[0].var.startswith("i") \
+                and not any(isinstance(s, Loop) for s in inner[0].body):
+            outer = find(k.body, lp.var)[1]
+            row = outer[-1] if outer and outer[-1].var.startswith("i") else None
+            return lp, row, inner[0]
+    return None
+
+
+def _candidates(k: Kernel, lanes: int, weights: frozenset):
+    found = _column_loop(k)
+    if found:
+        col, row, reduction = found
+        packed = sorted({ld.param for ld in body_loads(reduction.body) if ld.param in weights})
+        if lanes and packed and isinstance(reduction.extent, IConst):
+            yield from _projection(k, col, row, reduction, lanes, packed)
+        if lanes and not packed and row is not None:
+            yield from _attention_values(col, row, lanes)
+        if row is not None and not isinstance(col.extent, IConst):
+            yield [Split(col.var, 8), UnrollJam(col.var + "i", 8), Parallel(row.var)]
+    if lanes:
+        for lp in loops(k.body):
+            if lp.var.startswith("i") and not any(isinstance(s, Loop) for s in lp.body):
+                yield [Vectorize(lp.var, lanes)] + list(_basic(k))
+    yield list(_basic(k))
+
+
+def _projection(k: Kernel, col: Loop, row, reduction: Loop, lanes: int, packed: list):
+    accumulators = sum(1 for s in col.body if type(s).__name__ == "AccInit")
+    base = [Vectorize(col.var, lanes)] + [Pack(p, reduction.extent.value, lanes) for p in packed]
+    for columns in (4, 2, 1):
+        if columns * accumulators * ROW_TILE > REGISTER_ACCUMULATORS and columns > 1:
+            continue
+        unroll = [UnrollJam(col.var, columns)] if columns > 1 else []
+        if row is not None and not isinstance(row.extent, IConst):
+            yield base + unroll + [Reorder(row.var, col.var), Split(row.var, ROW_TILE),
+                                   UnrollJam(row.var + "i", ROW_TILE), Parallel(col.var)]
+        yield base + unroll + [Parallel(col.var)]
+
+
+def _attention_values(col: Loop, row: Loop, lanes: int):
+    r = row.var
+    yield [Vectorize(col.var, lanes), Reorder(r, col.var), Split(r, ATTENTION_ROWS),
+           UnrollJam(r + "i", ATTENTION_ROWS), Parallel(r + "o"), Parallel(r + "t")]
+    yield [Vectorize(col.var, lanes), Parallel(r)]
+
+
+def _basic(k: Kernel) -> tuple:
+    from .loops import _check_unroll_jam, check_parallel
+    legal = []
+    for loop in loops(k.body):
+        if loop.var.startswith("i"):
+            try:
+                check_parallel(k, Parallel(loop.var))
+            except ScheduleError:
+                continue
+            legal.append(loop)
+    const = [(lp.extent.value, lp.var) for lp in legal if isinstance(lp.extent, IConst)]
+    symbolic = [lp.var for lp in legal if not isinstance(lp.extent, IConst)]
+    if const and max(const)[0] >= 16:
+        var = max(const)[1]
+    elif symbolic:
+        var = symbolic[0]
+    elif const and max(const)[0] >= 2:
+        var = max(const)[1]
+    else:
+        return ()
+    for factor in (8, 4, 2):
+        try:
+            _check_unroll_jam(k, UnrollJam(var, factor))
+            return (UnrollJam(var, factor), Parallel(var))
+        except ScheduleError:
+            continue
+    return (Parallel(var),)
+
