@@ -1,8 +1,10 @@
 /* The machine's roofline inputs, measured with the instruction mix the kernels use.
  *
  *   read bandwidth: every thread sums its part of a buffer far larger than the caches
- *   vector peak: independent chains of separate vmulps and vaddps (the kernels do not contract
- *                into FMA), 16 lanes (AVX-512) and 8 lanes (AVX2)
+ *   vector peak: the matmul kernels' inner step, acc = acc + x * w with separate vmulps and
+ *                vaddps (the kernels do not contract into FMA): the multiply is independent,
+ *                the add chains through the accumulator; CHAINS accumulators, as a register
+ *                tile holds, 16 lanes (AVX-512) and 8 lanes (AVX2)
  *
  * Prints one JSON object. Usage: probe THREADS
  */
@@ -45,19 +47,24 @@ static void *read_part(void *arg)
     return NULL;
 }
 
-#define FLOP_ITERS 20000000L
+#define FLOP_ITERS 10000000L
+#define CHAINS 16
 static void *flops512(void *arg)
 {
     long t = (long)arg;
-    __m512 x[8], y = _mm512_set1_ps(1.0000001f), z = _mm512_set1_ps(1e-7f);
-    for (int i = 0; i < 8; ++i)
+    __m512 x[CHAINS], y = _mm512_set1_ps(1.0000001f), z = _mm512_set1_ps(1e-7f);
+    for (int i = 0; i < CHAINS; ++i)
         x[i] = _mm512_set1_ps((float)i);
     pthread_barrier_wait(&start);
     for (long it = 0; it < FLOP_ITERS; ++it)
-        for (int i = 0; i < 8; ++i)
-            x[i] = _mm512_add_ps(_mm512_mul_ps(x[i], y), z);
+#pragma GCC unroll 16 /* the accumulators in registers, as in a kernel's register tile */
+        for (int i = 0; i < CHAINS; ++i)
+        {
+            __asm__("" : "+v"(z)); /* a new operand each step: the multiply is not hoisted */
+            x[i] = _mm512_add_ps(x[i], _mm512_mul_ps(y, z));
+        }
     float s = 0;
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < CHAINS; ++i)
         s += _mm512_reduce_add_ps(x[i]);
     sums[t] = s;
     return NULL;
@@ -66,15 +73,19 @@ static void *flops512(void *arg)
 static void *flops256(void *arg)
 {
     long t = (long)arg;
-    __m256 x[8], y = _mm256_set1_ps(1.0000001f), z = _mm256_set1_ps(1e-7f);
-    for (int i = 0; i < 8; ++i)
+    __m256 x[CHAINS], y = _mm256_set1_ps(1.0000001f), z = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < CHAINS; ++i)
         x[i] = _mm256_set1_ps((float)i);
     pthread_barrier_wait(&start);
     for (long it = 0; it < FLOP_ITERS; ++it)
-        for (int i = 0; i < 8; ++i)
-            x[i] = _mm256_add_ps(_mm256_mul_ps(x[i], y), z);
+#pragma GCC unroll 16 /* the accumulators in registers, as in a kernel's register tile */
+        for (int i = 0; i < CHAINS; ++i)
+        {
+            __asm__("" : "+v"(z));
+            x[i] = _mm256_add_ps(x[i], _mm256_mul_ps(y, z));
+        }
     float s = 0;
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < CHAINS; ++i) {
         float v[8];
         _mm256_storeu_ps(v, x[i]);
         for (int j = 0; j < 8; ++j)
@@ -114,8 +125,8 @@ int main(int argc, char **argv)
     double bw[REPEATS], f512[REPEATS], f256[REPEATS];
     for (int r = 0; r < REPEATS; ++r) {
         bw[r] = BYTES / run(read_part) / 1e9;
-        f512[r] = 2.0 * 16 * 8 * FLOP_ITERS * n_threads / run(flops512) / 1e9;
-        f256[r] = 2.0 * 8 * 8 * FLOP_ITERS * n_threads / run(flops256) / 1e9;
+        f512[r] = 2.0 * 16 * CHAINS * FLOP_ITERS * n_threads / run(flops512) / 1e9;
+        f256[r] = 2.0 * 8 * CHAINS * FLOP_ITERS * n_threads / run(flops256) / 1e9;
     }
     qsort(bw, REPEATS, sizeof bw[0], cmp);
     qsort(f512, REPEATS, sizeof bw[0], cmp);

@@ -81,17 +81,19 @@ class CompiledSession:
 
     def __init__(self, config: Qwen2Config, weights: dict[str, np.ndarray], n_ctx: int = 4096, threads: int = 1,
                  weights_key: str | None = None, progress: bool = False, library: tuple[Path, dict] | None = None,
-                 packed_path: Path | None = None, fuse: bool = True, schedule: bool = True):
+                 packed_path: Path | None = None, fuse: bool = True, schedule: bool = True,
+                 march: str | None = None):
         """weights_key names the weights' source (see models.cache.source_key): with it, the packed
         weights file is kept in the cache for the next run; without, it lives as long as the session.
         fuse=False builds the unfused library (one kernel per primitive): fusion's baseline;
-        schedule=False the unscheduled one (one thread): the schedules' baseline."""
+        schedule=False the unscheduled one (one thread): the schedules' baseline; march another
+        x86-64 level than this CPU's (x86-64-v3: AVX2 code on an AVX-512 machine)."""
         from .build import find_or_build
         from .pack import pack_weights
 
         self.config = config
         self.n_ctx = check_n_ctx(n_ctx, config)
-        self.module = compile_model(config, fuse=fuse, schedule=schedule)
+        self.module = compile_model(config, fuse=fuse, schedule=schedule, march=march)
         lib_path, manifest = library or find_or_build(self.module, _say if progress else None)
         self.lib = Library(lib_path, manifest["prefix"])
         check_fingerprint(self.lib, self.module)

@@ -64,13 +64,16 @@ def test_long_prompt_runs_in_chunks_bitwise_equal_to_single_steps():
 
 
 def test_real_model_fused_is_bitwise_unfused(real_model, real_compiled):
-    """The shipped (fused) library against the phase 2 library, one kernel per primitive: the
-    prompt, four cached steps and the KV cache, bit for bit."""
+    """The shipped library (fused, scheduled: vector code, packed weights, 2 threads) against the
+    phase 2 library (one kernel per primitive, as lowered, one thread): the prompt, four cached
+    steps and the KV cache, bit for bit. Fusion and schedules each keep every bit."""
     from conftest import real_prompt_ids
 
     unfused = CompiledSession(real_model.config, real_model.weights, n_ctx=64, weights_key=real_model.key,
-                              fuse=False)
+                              fuse=False, schedule=False)
     assert real_compiled.module.fused and not unfused.module.fused
+    assert real_compiled.module.scheduled and not unfused.module.scheduled
+    assert any(w.packed for w in real_compiled.module.weights)
     ids = real_prompt_ids(real_model, "code")
     real_compiled.reset()
     a, b = real_compiled.step(ids, all_logits=True), unfused.step(ids, all_logits=True)

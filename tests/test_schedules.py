@@ -138,3 +138,129 @@ def test_thread_sanitizer_build_changing_threads_between_steps(tmp_path):
     assert "WARNING: ThreadSanitizer" not in r.stderr
     single = subprocess.run([str(driver), str(tmp_path / "weights.bin"), "8"], capture_output=True, text=True)
     assert r.stdout == single.stdout  # the same logits, bit for bit, whatever the threads
+
+
+# vector code, packing, split and reorder ---------------------------------------------------------
+
+VECTOR_CFG = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=96, layers=2, vocab=176, tied=True)
+
+
+def _vector_kernel(prefix, lanes=16):
+    m = compile_model(tiny_config(**VECTOR_CFG), schedule=False)
+    return next(k for k in m.kernels.values() if k.name.startswith(prefix))
+
+
+def test_vector_schedules_that_have_no_exact_form_are_refused():
+    from nanocompile.loopir.ir import AccInit, AccUpdate, Acc, Bin, FConst, IConst, Kernel, Load, Loop, Param, \
+        Store, Var
+    from nanocompile.schedule import Pack, Reorder, Split, Vectorize
+    mm = _vector_kernel("matmul_add_seqx64")  # q projection: [seq, 64] = x @ W^T + b
+    with pytest.raises(ScheduleError, match="'k' is a reduction loop; its lanes would carry the sum"):
+        apply(mm, (Vectorize("k", 16),))
+    with pytest.raises(ScheduleError, match="12 lanes"):
+        apply(mm, (Vectorize("i1", 12),))
+    with pytest.raises(ScheduleError, match="loop 'i0' of a symbolic number of iterations is not a multiple"):
+        apply(mm, (Vectorize("i0", 16),))
+    with pytest.raises(ScheduleError, match=r"read p2 with stride 64; Pack\(p2, ...\) makes them contiguous"):
+        apply(mm, (Vectorize("i1", 16),))
+    with pytest.raises(ScheduleError, match="only float32 weights the kernel reads are packed"):
+        apply(mm, (Vectorize("i1", 16), Pack("p0", 64, 16)))
+    with pytest.raises(ScheduleError, match="read across rows of 32"):
+        apply(mm, (Vectorize("i1", 16), Pack("p2", 32, 16)))
+    with pytest.raises(ScheduleError, match="blocks of 24 rows do not hold whole vectors"):
+        apply(mm, (Vectorize("i1", 16), Pack("p2", 64, 24)))
+    with pytest.raises(ScheduleError, match="nested in or around another vectorized loop"):
+        apply(mm, (Vectorize("i1", 16), Pack("p2", 64, 16), Split("i0", 16), Vectorize("i0i", 16)))
+    with pytest.raises(ScheduleError, match="'k' is a reduction loop; reordering it would reorder a sum"):
+        apply(mm, (Reorder("i1", "k"),))
+    with pytest.raises(ScheduleError, match="must hold only loop 'i1'"):
+        apply(_vector_kernel("rowreduce_sqrt_mul"), (Reorder("i0", "i1"),))
+    with pytest.raises(ScheduleError, match="is a reduction loop; splitting it would reorder a sum"):
+        apply(mm, (Split("k", 4),))
+    with pytest.raises(ScheduleError, match="already parallel; Split comes before Parallel"):
+        apply(mm, (Parallel("i1"), Split("i1", 4)))
+    rope = _vector_kernel("select_add")  # rotate-half: a select on the column
+    with pytest.raises(ScheduleError, match="select on a lane-dependent condition"):
+        apply(rope, (Vectorize("i2", 16),))
+    # a hand-written kernel whose output loop carries a sum: its lanes would carry it
+    carry = Kernel("carry", "sum", (Param("p0", "f32", "write"), Param("p1", "f32", "read")),
+                   (AccInit("acc", "f32", FConst(0.0)),
+                    Loop("i0", IConst(32), (AccUpdate("acc", Bin("+", Acc("acc"), Load("p1", Var("i0")))),
+                                            Store("p0", Var("i0"), Acc("acc"))))))
+    with pytest.raises(ScheduleError, match="carries 'acc' from one iteration to the next"):
+        apply(carry, (Vectorize("i0", 16),))
+    # integer arithmetic that differs between lanes: a position computed from the column
+    iota = Kernel("iota", "cast", (Param("p0", "f32", "write"),),
+                  (Loop("i0", IConst(32), (Store("p0", Var("i0"), Bin("*", Var("i0"), FConst(1.0))),)),))
+    with pytest.raises(ScheduleError, match="integer arithmetic that differs between lanes"):
+        apply(iota, (Vectorize("i0", 16),))
+
+
+def test_recipes_vectorize_pack_and_tile_the_projections():
+    from nanocompile.codegen.render import render_tree
+    from nanocompile.schedule import Pack, Vectorize
+    for march, lanes in (("x86-64-v4", 16), ("x86-64-v3", 8)):
+        m = compile_model(tiny_config(**VECTOR_CFG), march=march)
+        by_name = {k.name: k for k in m.kernels.values()}
+        projections = [k for n, k in by_name.items() if n.startswith("matmul") and any(isinstance(d, Pack)
+                                                                                    for d in k.schedule)]
+        assert len(projections) >= 5, list(by_name)
+        assert all(Vectorize("i1", lanes) in k.schedule for k in projections)
+        packed = {w.name: w.packed for w in m.weights}
+        assert packed["model.layers.0.mlp.down_proj.weight"][0] == 96
+        assert packed["model.embed_tokens.weight"], "the tied embedding is packed for the logits"
+        assert [d for d in by_name["gather_seqx64"].schedule if isinstance(d, Pack)], "the gather reads it packed"
+        assert f"nc_load{lanes}(" in render_tree(m)["model.c"]
+
+
+SEQS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 13)  # every tail of the row tiles (4) and the key splits (8)
+
+
+@pytest.mark.parametrize("march", ["x86-64-v4", "x86-64-v3"])
+def test_vectorized_model_is_bitwise_at_every_thread_count(march):
+    """AVX-512 (16 lanes) and AVX2 (8 lanes) builds against the unscheduled one: chunks of every
+    tail length, then cached steps, at 1, 2, 3 and 8 threads."""
+    cfg = tiny_config(**VECTOR_CFG)
+    w = random_weights(cfg, seed=5)
+    base = CompiledSession(cfg, w, n_ctx=120, schedule=False)
+    ids = iter(range(3, 170))
+    chunks = [[next(ids) for _ in range(n)] for n in SEQS]
+    want = [base.step(c, all_logits=True) for c in chunks]
+    for threads in THREADS:
+        s = CompiledSession(cfg, w, n_ctx=120, threads=threads, march=march)
+        got = [s.step(c, all_logits=True) for c in chunks]
+        for n, a, b in zip(SEQS, want, got):
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), (march, threads, n)
+        for layer in range(cfg.num_hidden_layers):
+            for a, b in zip(s.read_cache(layer), base.read_cache(layer)):
+                assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), (march, threads, layer)
+        s.close()
+
+
+@pytest.mark.parametrize("lanes", [16, 8])
+@pytest.mark.parametrize("name", ["matmul", "reduce_sum", "exp", "add"])
+def test_vector_recipes_on_primitives_with_guards(name, lanes):
+    """The recipes on single primitives whose columns are a multiple of the lanes and whose rows
+    leave tails, with guard regions around every output, at 1, 2, 3 and 8 threads."""
+    from nanocompile.ir import SEQ
+    builders = {
+        "matmul": lambda b: b.matmul(b.input("x", [SEQ, 48]), b.permute(b.weight("w", [32, 48]), [1, 0])),
+        "reduce_sum": lambda b: b.mul(b.input("x", [SEQ, 32]), b.broadcast(
+            b.reshape(b.reduce_sum(b.input("y", [SEQ, 32]), 1), [SEQ, 1]), [SEQ, 32])),
+        "exp": lambda b: b.exp(b.input("x", [SEQ, 32])),
+        "add": lambda b: b.add(b.input("x", [SEQ, 32]), b.broadcast(b.reshape(b.weight("w", [32]), [1, 32]),
+                                                                     [SEQ, 32])),
+    }
+    g = _graph(name, builders[name])
+    base = GraphLibrary(g, fuse=True)
+    lib = GraphLibrary(g, fuse=True, schedule="default", lanes=lanes)
+    assert f"nc_load{lanes}(" in lib.source, "the recipe vectorized nothing"
+    rng = np.random.default_rng(11)
+    for seq in (1, 3, 5, 6, 7, 9):
+        env = {"seq": seq, "past": 0}
+        inputs, weights = _feeds(g, env, rng)
+        want = base.run(env, inputs, weights)
+        for threads in THREADS:
+            got = lib.run(env, inputs, weights, threads=threads)
+            for key in want:
+                assert np.array_equal(want[key].view(np.uint8), got[key].view(np.uint8)), (seq, threads)

@@ -31,8 +31,9 @@ ENTRY = "nc_graph_run"
 
 
 def render_graph(graph: Graph, max_seq: int = 16, max_past: int = 16, fuse: bool = False,
-                 schedule=None) -> tuple[str, list[dict], int]:
-    """schedule: None (as lowered), "default" (the recipes), or a function kernel -> directives."""
+                 schedule=None, lanes: int | None = None) -> tuple[str, list[dict], int]:
+    """schedule: None (as lowered), "default" (the recipes, for `lanes` lanes: this CPU's widest
+    if None), or a function kernel -> directives."""
     fusion = None
     if fuse:
         from ..compiler import optimize
@@ -42,7 +43,7 @@ def render_graph(graph: Graph, max_seq: int = 16, max_past: int = 16, fuse: bool
     if schedule is not None:
         from ..schedule.program import schedule_program
         from ..target import vector_lanes
-        packed = schedule_program(prog.kernels, [prog], vector_lanes("native"),
+        packed = schedule_program(prog.kernels, [prog], vector_lanes("native") if lanes is None else lanes,
                                   None if schedule == "default" else schedule)
     plan = plan_memory(prog, max_seq, max_past)
     external = [b for b in prog.buffers.values() if b.kind in ("input", "weight", "output")]
@@ -67,10 +68,10 @@ def render_graph(graph: Graph, max_seq: int = 16, max_past: int = 16, fuse: bool
 
 class GraphLibrary:
     def __init__(self, graph: Graph, max_seq: int = 16, max_past: int = 16, cache: Path | None = None,
-                 fuse: bool = False, schedule=None):
+                 fuse: bool = False, schedule=None, lanes: int | None = None):
         self.graph = graph
         self.max_seq, self.max_past = max_seq, max_past
-        self.source, self.external, self.arena_bytes = render_graph(graph, max_seq, max_past, fuse, schedule)
+        self.source, self.external, self.arena_bytes = render_graph(graph, max_seq, max_past, fuse, schedule, lanes)
         self.directory = cache or Path(tempfile.gettempdir()) / f"nanocompile-graphs-{os.getuid()}"
         self.load(self.compile(self.source))
 

@@ -18,7 +18,8 @@ def _output_loop(k: Kernel, var: str, verb: str) -> tuple[Loop, tuple]:
     if found is None:
         raise ScheduleError(f"{k.name}: no loop {var!r} to {verb}")
     if not var.startswith("i"):
-        raise ScheduleError(f"{k.name}: {var!r} is a reduction loop; {verb} it would reorder a sum")
+        gerund = {"split": "splitting", "reorder": "reordering", "unroll": "unrolling"}[verb]
+        raise ScheduleError(f"{k.name}: {var!r} is a reduction loop; {gerund} it would reorder a sum")
     return found
 
 

@@ -49,13 +49,14 @@ def packed_index(k: Kernel, d: Pack, index, lanes: dict):
                             f"weight read row by row")
     b, column = d.block, build(col_terms, col_const)
     lane_c = row_terms.pop(Lane(), 0)
-    if lane_c in (0, 1) and row_const % b == 0 and all(c % b == 0 for c in row_terms.values()):
-        # the row is block * b + lane (or a multiple of b): no division needed
-        blocks = {a: c // b * d.row * b for a, c in row_terms.items()}
-        terms = {**blocks, **{a: c * b for a, c in col_terms.items()}}
+    within = row_const % b + lane_c * lanes.get("lane", 0)  # the last lane's row within its block
+    if lane_c in (0, 1) and within < b and all(c % b == 0 for c in row_terms.values()):
+        # the row is block * b + (a constant + lane) inside the block: no division needed
+        terms = {a: c // b * d.row * b for a, c in row_terms.items()}
+        terms.update({a: c * b for a, c in col_terms.items()})
         if lane_c:
             terms[Lane()] = 1
-        return build(terms, row_const // b * d.row * b + col_const * b)
+        return build(terms, row_const // b * d.row * b + col_const * b + row_const % b)
     if lane_c:
         raise ScheduleError(f"{k.name}: the lanes read rows of {d.param} that do not start a block of {b}")
     # any other row expression (a token id read from memory): divide it into block and offset
@@ -81,10 +82,10 @@ def pack(k: Kernel, d: Pack) -> tuple:
     if param.access != "read" or param.dtype != "f32":
         raise ScheduleError(f"{k.name}: {d.param} is {param.access} {param.dtype}; only float32 weights the kernel "
                             f"reads are packed")
-    if d.block not in (8, 16) or d.row < 1:
-        raise ScheduleError(f"{k.name}: Pack({d.param}) needs rows of at least 1 and blocks of 8 or 16")
-    if any(isinstance(s, Loop) and s.lanes and s.lanes != d.block for s in stmts(k.body)):
-        raise ScheduleError(f"{k.name}: blocks of {d.block} for a loop of other lanes")
+    if d.block < 2 or d.row < 1:
+        raise ScheduleError(f"{k.name}: Pack({d.param}) needs rows of at least 1 and blocks of at least 2 rows")
+    if any(isinstance(s, Loop) and s.lanes and d.block % s.lanes for s in stmts(k.body)):
+        raise ScheduleError(f"{k.name}: blocks of {d.block} rows do not hold whole vectors")
     return _transform(k, d, k.body, {})
 
 
@@ -113,8 +114,9 @@ def pack_array(array: np.ndarray, row: int, block: int) -> np.ndarray:
     return np.ascontiguousarray(flat.reshape(-1, block, row).transpose(0, 2, 1)).reshape(array.shape)
 
 
-def weight_layouts(kernels: dict, calls, buffers: dict) -> dict[str, tuple[int, int]]:
-    """Buffer name -> (row, block) for every packed weight; raises if kernels disagree."""
+def weight_layouts(kernels: dict, calls, buffers: dict, strict: bool = True) -> dict[str, tuple[int, int]]:
+    """Buffer name -> (row, block) for every packed weight; raises if kernels disagree (if not
+    strict, a kernel reading a weight row-major does not count: it is to be given Pack)."""
     layouts: dict[str, tuple | None] = {}
     for call in calls:
         k = kernels[call.kernel]
@@ -123,7 +125,7 @@ def weight_layouts(kernels: dict, calls, buffers: dict) -> dict[str, tuple[int, 
             layout = packs.get(param.name)
             if layout is not None and buffers[buffer].kind != "weight":
                 raise ScheduleError(f"{k.name}: Pack({param.name}) on {buffer}, which is not a weight")
-            if buffers[buffer].kind != "weight":
+            if buffers[buffer].kind != "weight" or (layout is None and not strict):
                 continue
             if buffer in layouts and layouts[buffer] != layout:
                 raise ScheduleError(f"{buffer} is read as {_describe(layouts[buffer])} by one kernel and as "

@@ -33,29 +33,42 @@ def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=No
     schedules = {name: tuple(choose(k) if choose else default_schedule(k, lanes, weights.get(name, ())))
                  for name, k in kernels.items()}
 
-    def layouts():
+    def layouts(strict):
         tagged = {name: _with_schedule(k, schedules[name]) for name, k in kernels.items()}
         out = {}
         for prog in programs:
-            out.update(weight_layouts(tagged, prog.calls, prog.buffers))
+            out.update(weight_layouts(tagged, prog.calls, prog.buffers, strict))
         return out
 
-    packed = layouts()
+    packed = layouts(strict=False)
     for prog in programs:
         for call in prog.calls:
             k = kernels[call.kernel]
             have = {d.param for d in schedules[call.kernel] if isinstance(d, Pack)}
-            for p, buffer in zip(k.params, call.args):
-                if buffer in packed and p.name not in have:
-                    row, block = packed[buffer]
-                    schedules[call.kernel] = (Pack(p.name, row, block),) + schedules[call.kernel]
-                    have.add(p.name)
-    packed = layouts()  # raises if a parameter is bound to a packed and an unpacked weight
+            added = tuple(Pack(p.name, *packed[b]) for p, b in zip(k.params, call.args)
+                          if b in packed and p.name not in have)
+            if added:
+                # its own recipe with the packs in front, else the recipe without vector code
+                # (a kernel vectorized along a weight's row reads it strided once packed)
+                schedules[call.kernel] = _first_legal(k, [added + schedules[call.kernel],
+                                                          added + default_schedule(k, 0, ())])
+    packed = layouts(strict=True)  # raises if a parameter is bound to a packed and an unpacked weight
     for name, k in list(kernels.items()):
         kernels[name] = apply(k, schedules[name])
     for prog in programs:
         prog.kernels = {n: kernels[n] for n in prog.kernels}
     return packed
+
+
+def _first_legal(k: Kernel, candidates) -> tuple:
+    from . import ScheduleError, apply
+    for schedule in candidates:
+        try:
+            apply(k, schedule)
+            return schedule
+        except ScheduleError:
+            continue
+    return candidates[-1]  # apply raises its error again, where the caller applies it
 
 
 def _with_schedule(k: Kernel, schedule) -> Kernel:

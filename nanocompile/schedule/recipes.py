@@ -73,11 +73,13 @@ def _candidates(k: Kernel, lanes: int, weights: frozenset):
 
 def _projection(k: Kernel, col: Loop, row, reduction: Loop, lanes: int, packed: list):
     accumulators = sum(1 for s in col.body if type(s).__name__ == "AccInit")
-    base = [Vectorize(col.var, lanes)] + [Pack(p, reduction.extent.value, lanes) for p in packed]
     for columns in (4, 2, 1):
         if columns * accumulators * ROW_TILE > REGISTER_ACCUMULATORS and columns > 1:
             continue
-        unroll = [UnrollJam(col.var, columns)] if columns > 1 else []
+        # the columns one iteration reads are one block: a thread reads one stream of weights
+        unroll = ([UnrollJam(col.var, columns)] if columns > 1 else []) + \
+            [Pack(p, reduction.extent.value, lanes * columns) for p in packed]
+        base = [Vectorize(col.var, lanes)]
         if row is not None and not isinstance(row.extent, IConst):
             yield base + unroll + [Reorder(row.var, col.var), Split(row.var, ROW_TILE),
                                    UnrollJam(row.var + "i", ROW_TILE), Parallel(col.var)]
