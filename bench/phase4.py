@@ -7,7 +7,7 @@ medians and minima beside the means; every engine at two threads, alternating in
     transformers eager
 
 and the decode step against the bandwidth roofline (bytes per step from the loop IR over the
-read bandwidth bench/probe measured).
+read bandwidth bench/probe measures in every round, between the engines).
 
     python -m bench.phase4 [--pp 512] [--tg 128] [--rounds 2]
 """
@@ -44,7 +44,7 @@ def main() -> None:
     from nanocompile.loopir.work import bytes_per_run
     from nanocompile.models import cache, load_model
 
-    machine = probe.latest() or probe.measure()
+    probes = []  # the machine is measured in every round, between the engines: its bandwidth drifts
     model = load_model("default", progress=False)
     n_ctx = args.pp + args.tg + 8
     rng = np.random.default_rng(0)
@@ -82,6 +82,7 @@ def main() -> None:
     for r in range(args.rounds):
         names = list(engines)
         order = names[r % len(names):] + names[:r % len(names)]
+        probes.append(probe.measure())
         for name in order:
             p, steps = engines[name]()
             pp[name].append(args.pp / p)
@@ -89,6 +90,9 @@ def main() -> None:
             print(f"  round {r} {name}: pp {args.pp / p:.1f} t/s, tg median {1 / statistics.median(steps):.2f} t/s",
                   flush=True)
 
+    machine = {key: {"median": statistics.median(p[key]["median"] for p in probes),
+                     "min": min(p[key]["median"] for p in probes), "max": max(p[key]["median"] for p in probes)}
+               for key in ("read_gb_s", "avx512_mul_add_gflop_s")}
     decode_bytes = bytes_per_run(scheduled.module.variants["last"]).evaluate({"seq": 1, "past": args.pp + args.tg // 2})
     roofline_s = decode_bytes / (machine["read_gb_s"]["median"] * 1e9)
     results = {}

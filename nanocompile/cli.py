@@ -33,8 +33,11 @@ def cmd_run(args) -> int:
     _set_threads(args.threads)
     from .generate_text import TextStream, generate
     from .models import load_model
+    from .sampling import Sampler, SamplingParams
     from .session import open_session
 
+    sampler = Sampler(SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty,
+                                     args.repeat_last_n, args.seed))  # checked before the model loads
     model = load_model(args.model, progress=not args.quiet)
     tok = model.tokenizer
     if args.prompt_ids is not None:
@@ -76,7 +79,8 @@ def cmd_run(args) -> int:
         def on_token(token):
             if token not in stop:  # like llama-cli, the end-of-text token is not printed
                 stream(token)
-    result = generate(session, prompt_ids, args.n_predict, stop, on_token)
+    sampler.accept(prompt_ids)
+    result = generate(session, prompt_ids, args.n_predict, stop, on_token, sampler)
     if args.ids:
         write(" ".join(str(t) for t in result.tokens) + "\n")
     else:
@@ -86,7 +90,7 @@ def cmd_run(args) -> int:
         print(f"stopped: the context of {session.n_ctx} tokens is full", file=sys.stderr)
     print(f"prompt: {result.prompt_tokens} tokens, {result.prompt_seconds * 1000:.1f} ms, "
           f"{result.prompt_tps:.2f} tok/s | generation: {len(result.tokens)} tokens, "
-          f"{result.decode_tps:.2f} tok/s | backend {session.backend_name}", file=sys.stderr)
+          f"{result.decode_tps:.2f} tok/s | backend {session.backend_name} | seed {sampler.seed}", file=sys.stderr)
     return 0
 
 
@@ -131,6 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-c", "--ctx-size", type=int, help="context size in tokens (default: 4096 or the model's maximum)")
     run.add_argument("-t", "--threads", type=_threads, default=2,
                      help="threads (0 = all cores); the interpreter passes them to NumPy's BLAS")
+    sampling = run.add_argument_group("sampling (llama.cpp's defaults; --temp 0 is greedy)")
+    sampling.add_argument("-s", "--seed", type=int, default=-1, help="random seed (-1: a random one, printed)")
+    sampling.add_argument("--temp", type=float, default=0.8, help="temperature (<= 0: greedy)")
+    sampling.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens (0: off)")
+    sampling.add_argument("--top-p", type=float, default=0.95, help="keep the smallest set reaching this probability")
+    sampling.add_argument("--min-p", type=float, default=0.05, help="drop tokens below min-p x the top probability")
+    sampling.add_argument("--repeat-penalty", type=float, default=1.0, help="penalize recent tokens (1.0: off)")
+    sampling.add_argument("--repeat-last-n", type=int, default=64, help="recent tokens the penalty looks at")
     run.add_argument("--chat", action="store_true", help="apply the model's chat template")
     run.add_argument("--system", help="system message (with --chat)")
     run.add_argument("--prompt-ids", help="token ids instead of a prompt, e.g. '1 2 3'")

@@ -1,4 +1,4 @@
-"""Greedy generation on a session, streaming token by token, with timings."""
+"""Generation on a session, greedy or sampled, streaming token by token, with timings."""
 from __future__ import annotations
 
 import codecs
@@ -33,9 +33,11 @@ def greedy(logits: np.ndarray) -> int:
     return int(np.argmax(logits))
 
 
-def generate(session, prompt_ids: list[int], max_new: int, stop_ids=(), on_token=None) -> GenerationResult:
+def generate(session, prompt_ids: list[int], max_new: int, stop_ids=(), on_token=None,
+             choose=greedy) -> GenerationResult:
     """Feeds the prompt, then generates up to max_new tokens (-1: until a stop token or the
-    context is full). on_token(id) is called for each generated token as it is produced."""
+    context is full). on_token(id) is called for each generated token as it is produced;
+    choose(logits) picks it (greedy, or a sampling.Sampler)."""
     if len(prompt_ids) == 0:
         raise InputError("the prompt is empty")
     if session.past + len(prompt_ids) > session.n_ctx:
@@ -48,7 +50,7 @@ def generate(session, prompt_ids: list[int], max_new: int, stop_ids=(), on_token
     limit = max_new if max_new >= 0 else float("inf")
     t0 = time.perf_counter()
     while len(result.tokens) < limit:
-        token = greedy(logits)
+        token = choose(logits)
         result.tokens.append(token)
         if on_token:
             on_token(token)

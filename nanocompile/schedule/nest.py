@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..loopir.ir import Acc, AccInit, AccUpdate, Bin, Cast, Load, Loop, Select, Store, Un, Var
+from ..loopir.ir import Acc, AccInit, AccUpdate, Bin, Cast, IConst, Load, Loop, Select, Store, Un, Var
 
 
 def stmts(body):
@@ -53,12 +53,30 @@ def rewrite(node, var: str, replacement, suffix: str = ""):
         return dataclasses.replace(node, name=node.name + suffix, value=rewrite(node.value, var, replacement, suffix))
     if isinstance(node, tuple):
         return tuple(rewrite(x, var, replacement, suffix) for x in node)
+    if isinstance(node, Bin):
+        return fold(Bin(node.op, rewrite(node.a, var, replacement, suffix), rewrite(node.b, var, replacement, suffix)))
     if dataclasses.is_dataclass(node):
         changes = {f.name: rewrite(getattr(node, f.name), var, replacement, suffix)
                    for f in dataclasses.fields(node) if f.name not in ("var", "parallel", "lanes", "name", "param",
                                                                         "op", "dtype", "kind")}
         return dataclasses.replace(node, **changes)
     return node
+
+
+def fold(e: Bin):
+    """x + 0, x * 1 and integer constants folded: an index the C reader need not simplify."""
+    a, b = e.a, e.b
+    if isinstance(a, IConst) and isinstance(b, IConst) and e.op in ("+", "-", "*"):
+        return IConst({"+": a.value + b.value, "-": a.value - b.value, "*": a.value * b.value}[e.op])
+    if e.op in ("+", "-") and b == IConst(0):
+        return a
+    if e.op == "+" and a == IConst(0):
+        return b
+    if e.op == "*" and b == IConst(1):
+        return a
+    if e.op == "*" and a == IConst(1):
+        return b
+    return e
 
 
 def uses(e, var: str) -> bool:

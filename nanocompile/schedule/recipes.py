@@ -5,9 +5,10 @@ kernel wins, and the last resort is the kernel as fusion wrote it. The classes:
 
   projection matmul  a column loop over a weight's rows around a reduction over its row:
                      vectorize the columns, pack the weight so the lanes' columns are adjacent,
-                     unroll-and-jam more columns, then move the rows inside and tile them by 4,
-                     so each block of weights is reused by 4 rows from cache (prefill), and split
-                     the column blocks across threads;
+                     unroll-and-jam more columns, then move the rows inside and tile them (6
+                     rows with AVX-512), so each block of weights is reused by those rows from
+                     registers and by the next rows from cache (prefill); split the column
+                     blocks across threads;
   attention values   probabilities times the V cache: vectorize the head dimension (contiguous
                      in the cache), move query rows inside and unroll-and-jam 8 of them;
   attention scores   queries times the K cache: the key loop is symbolic, so split it by 8 and
@@ -22,9 +23,11 @@ from ..loopir.ir import IConst, Kernel, Loop
 from .directives import Pack, Parallel, Reorder, ScheduleError, Split, UnrollJam, Vectorize
 from .nest import body_loads, find, loops
 
-ROW_TILE = 4        # rows sharing each vector of weights in a projection
+# a projection's register tile by lanes: (rows sharing each vector of weights, vector
+# accumulators the tile may hold). AVX-512 has 32 vector registers: 24 accumulators leave room
+# for the weights' vectors and a broadcast (bench/row_tile: 6 rows beat 4, 7 and 8); AVX2 has 16.
+TILES = {16: (6, 24), 8: (4, 12)}
 ATTENTION_ROWS = 8  # query rows unrolled and jammed in attention
-REGISTER_ACCUMULATORS = 16  # vector accumulators one tile may hold (of 32 AVX-512 registers)
 
 
 def default_schedule(k: Kernel, lanes: int = 0, weights=frozenset()) -> tuple:
@@ -73,16 +76,17 @@ def _candidates(k: Kernel, lanes: int, weights: frozenset):
 
 def _projection(k: Kernel, col: Loop, row, reduction: Loop, lanes: int, packed: list):
     accumulators = sum(1 for s in col.body if type(s).__name__ == "AccInit")
+    rows, budget = TILES[lanes]
     for columns in (4, 2, 1):
-        if columns * accumulators * ROW_TILE > REGISTER_ACCUMULATORS and columns > 1:
+        if columns * accumulators * rows > budget and columns > 1:
             continue
         # the columns one iteration reads are one block: a thread reads one stream of weights
         unroll = ([UnrollJam(col.var, columns)] if columns > 1 else []) + \
             [Pack(p, reduction.extent.value, lanes * columns) for p in packed]
         base = [Vectorize(col.var, lanes)]
         if row is not None and not isinstance(row.extent, IConst):
-            yield base + unroll + [Reorder(row.var, col.var), Split(row.var, ROW_TILE),
-                                   UnrollJam(row.var + "i", ROW_TILE), Parallel(col.var)]
+            yield base + unroll + [Reorder(row.var, col.var), Split(row.var, rows),
+                                   UnrollJam(row.var + "i", rows), Parallel(col.var)]
         yield base + unroll + [Parallel(col.var)]
 
 

@@ -1,0 +1,88 @@
+"""Choosing the next token from logits, as llama.cpp's default sampler chain does: repetition
+penalty, top-k, top-p, min-p, temperature, then a draw from a seeded generator. Temperature <= 0
+is greedy (the largest logit after the penalty). The same seed and the same logits give the same
+tokens: the compiled library's logits are bitwise the same at every thread count, so sampled
+text is too."""
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.8
+    top_k: int = 40            # 0: off
+    top_p: float = 0.95        # 1.0: off
+    min_p: float = 0.05        # 0.0: off
+    repeat_penalty: float = 1.0  # 1.0: off
+    repeat_last_n: int = 64    # tokens the penalty looks back over
+    seed: int = -1             # -1: a random seed, reported by Sampler.seed
+
+    def check(self) -> "SamplingParams":
+        if not 0.0 < self.top_p <= 1.0:
+            raise InputError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InputError(f"--min-p must be in [0, 1], got {self.min_p}")
+        if self.top_k < 0:
+            raise InputError(f"--top-k must be >= 0 (0 = off), got {self.top_k}")
+        if self.repeat_penalty <= 0:
+            raise InputError(f"--repeat-penalty must be > 0 (1.0 = off), got {self.repeat_penalty}")
+        if self.repeat_last_n < 0:
+            raise InputError(f"--repeat-last-n must be >= 0, got {self.repeat_last_n}")
+        if self.seed < -1 or self.seed >= 2 ** 64:
+            raise InputError(f"--seed must be -1 (random) or in [0, 2^64), got {self.seed}")
+        return self
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams = SamplingParams()):
+        self.params = params.check()
+        self.seed = params.seed if params.seed >= 0 else int.from_bytes(os.urandom(4), "little")
+        self.rng = np.random.default_rng(self.seed)
+        self.recent: deque[int] = deque(maxlen=params.repeat_last_n or None)
+        if params.repeat_last_n == 0:
+            self.recent = deque(maxlen=0)
+
+    def accept(self, tokens) -> None:
+        """Tokens the penalty remembers: the prompt's, then each one chosen."""
+        self.recent.extend(int(t) for t in tokens)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        p = self.params
+        x = np.asarray(logits, dtype=np.float64).copy()
+        if p.repeat_penalty != 1.0 and self.recent:
+            seen = np.fromiter(set(self.recent), dtype=np.int64)
+            seen = seen[seen < x.size]
+            x[seen] = np.where(x[seen] > 0, x[seen] / p.repeat_penalty, x[seen] * p.repeat_penalty)
+        if p.temperature <= 0:
+            token = int(np.argmax(x))
+        else:
+            token = self._draw(x)
+        self.accept([token])
+        return token
+
+    def _draw(self, x: np.ndarray) -> int:
+        p = self.params
+        ids = np.argsort(-x, kind="stable")  # candidates, most likely first
+        if p.top_k > 0:
+            ids = ids[:p.top_k]
+        probs = _softmax(x[ids])
+        if p.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1  # the smallest set reaching top_p
+            ids, probs = ids[:keep], probs[:keep]
+        if p.min_p > 0.0:
+            keep = probs >= p.min_p * probs[0]
+            ids = ids[keep]
+        scaled = _softmax(x[ids] / p.temperature)
+        return int(ids[self.rng.choice(len(ids), p=scaled)])
+
+
+def _softmax(v: np.ndarray) -> np.ndarray:
+    e = np.exp(v - v.max())
+    return e / e.sum()

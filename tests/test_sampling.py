@@ -1,0 +1,61 @@
+"""The sampler against what each of its stages means, on small logit vectors."""
+import numpy as np
+import pytest
+
+from nanocompile.errors import InputError
+from nanocompile.sampling import Sampler, SamplingParams
+
+LOGITS = np.array([1.0, 3.0, 2.5, -1.0, 0.0], np.float32)
+
+
+def _draws(params, n=4000, logits=LOGITS):
+    s = Sampler(params)
+    return np.bincount([s(logits) for _ in range(n)], minlength=len(logits))
+
+
+def test_greedy_forms_pick_the_largest_logit():
+    for params in (SamplingParams(temperature=0), SamplingParams(temperature=-1), SamplingParams(top_k=1, seed=3),
+                   SamplingParams(min_p=1.0, seed=3)):
+        assert set(np.nonzero(_draws(params, 50))[0]) == {1}, params
+
+
+def test_draws_follow_the_tempered_distribution():
+    logits = np.array([0.0, np.log(3.0)], np.float32)
+    counts = _draws(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7), 8000, logits)
+    assert abs(counts[1] / 8000 - 0.75) < 5 * np.sqrt(0.75 * 0.25 / 8000)
+    counts = _draws(SamplingParams(temperature=0.5, top_k=0, top_p=1.0, min_p=0.0, seed=7), 8000, logits)
+    assert abs(counts[1] / 8000 - 0.9) < 5 * np.sqrt(0.9 * 0.1 / 8000)  # 3^2 : 1
+
+
+def test_top_k_top_p_min_p_cut_the_tail():
+    base = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1)
+    assert set(np.nonzero(_draws(SamplingParams(**{**base, "top_k": 2})))[0]) == {1, 2}
+    # probabilities at temperature 1: 3.0 -> 0.52, 2.5 -> 0.32, 1.0 -> 0.07, ...: 0.8 needs the first two
+    assert set(np.nonzero(_draws(SamplingParams(**{**base, "top_p": 0.8})))[0]) == {1, 2}
+    assert set(np.nonzero(_draws(SamplingParams(**{**base, "min_p": 0.5})))[0]) == {1, 2}
+    assert len(np.nonzero(_draws(SamplingParams(**base)))[0]) == 5
+
+
+def test_repeat_penalty_divides_positive_and_multiplies_negative_logits():
+    s = Sampler(SamplingParams(temperature=0, repeat_penalty=2.0))
+    s.accept([1])
+    assert s(LOGITS) == 2  # 3.0 / 2 = 1.5 < 2.5
+    s = Sampler(SamplingParams(temperature=0, repeat_penalty=2.0, repeat_last_n=1))
+    s.accept([1, 4])  # only the last token is remembered
+    assert s(LOGITS) == 1
+
+
+def test_same_seed_same_tokens():
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=99)
+    assert np.array_equal(_draws(params, 200), _draws(params, 200))
+    a, b = Sampler(params), Sampler(params)
+    assert [a(LOGITS) for _ in range(50)] == [b(LOGITS) for _ in range(50)]
+    assert Sampler(SamplingParams(seed=-1)).seed >= 0
+
+
+@pytest.mark.parametrize("bad, message", [(dict(top_p=0.0), "--top-p"), (dict(min_p=-0.1), "--min-p"),
+                                          (dict(top_k=-2), "--top-k"), (dict(repeat_penalty=0.0), "--repeat-penalty"),
+                                          (dict(repeat_last_n=-1), "--repeat-last-n"), (dict(seed=-7), "--seed")])
+def test_bad_parameters_are_named(bad, message):
+    with pytest.raises(InputError, match=message):
+        Sampler(SamplingParams(**bad))
