@@ -29,6 +29,7 @@ def main() -> None:
     ap.add_argument("--tg", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the unscheduled library (slow)")
     args = ap.parse_args()
 
     import numpy as np
@@ -67,9 +68,10 @@ def main() -> None:
             return pp, steps
 
     scheduled = CompiledSession(model.config, model.weights, n_ctx, THREADS, model.key)
-    unscheduled = CompiledSession(model.config, model.weights, n_ctx, 1, model.key, schedule=False)
-    engines = {"nanocompile scheduled": lambda: timed_session(scheduled, prompt, args.tg),
-               "nanocompile unscheduled": lambda: timed_session(unscheduled, prompt, args.tg)}
+    engines = {"nanocompile scheduled": lambda: timed_session(scheduled, prompt, args.tg)}
+    if not args.no_baseline:
+        unscheduled = CompiledSession(model.config, model.weights, n_ctx, 1, model.key, schedule=False)
+        engines["nanocompile unscheduled"] = lambda: timed_session(unscheduled, prompt, args.tg)
     if not args.no_llama:
         from bench.llamacpp import LlamaCppEngine, requantized
         f32 = requantized(Path(model.source), "f32", cache.cache_dir() / "requantized")
@@ -79,16 +81,20 @@ def main() -> None:
 
     pp = {k: [] for k in engines}
     tg = {k: [] for k in engines}
+    per_round = []  # this round's probe and each engine's medians: ratios within a round are facts
     for r in range(args.rounds):
         names = list(engines)
         order = names[r % len(names):] + names[:r % len(names)]
         probes.append(probe.measure())
+        this = {"read_gb_s": probes[-1]["read_gb_s"]["median"]}
         for name in order:
             p, steps = engines[name]()
             pp[name].append(args.pp / p)
             tg[name].extend(1 / s for s in steps)
+            this[name] = {"pp": args.pp / p, "step_s": statistics.median(steps)}
             print(f"  round {r} {name}: pp {args.pp / p:.1f} t/s, tg median {1 / statistics.median(steps):.2f} t/s",
                   flush=True)
+        per_round.append(this)
 
     machine = {key: {"median": statistics.median(p[key]["median"] for p in probes),
                      "min": min(p[key]["median"] for p in probes), "max": max(p[key]["median"] for p in probes)}
@@ -104,16 +110,22 @@ def main() -> None:
             results.setdefault(name, {})[test] = {**s, "mean": statistics.mean(samples), "sd": sd}
             print(f"| {name} | {THREADS if name != 'nanocompile unscheduled' else 1} | {test} | "
                   f"{statistics.mean(samples):.2f} ± {sd:.2f} | {s['median']:.2f} | {s['min']:.2f} | {s['max']:.2f} |")
-    tg_ours = results["nanocompile scheduled"][f"tg{args.tg}"]["median"]
-    fraction = roofline_s * tg_ours  # the roofline's time over ours
-    print(f"\ndecode: {decode_bytes / 1e9:.3f} GB per step at past {args.pp + args.tg // 2}, read bandwidth "
-          f"{machine['read_gb_s']['median']:.1f} GB/s -> roofline {roofline_s * 1e3:.1f} ms/step; "
-          f"scheduled runs at {fraction * 100:.1f}% of it (gate: 95%)")
+    ours = "nanocompile scheduled"
+    fractions = [decode_bytes / (r["read_gb_s"] * 1e9) / r[ours]["step_s"] for r in per_round]
+    fraction = statistics.median(fractions)
+    print(f"\ndecode: {decode_bytes / 1e9:.3f} GB per step at past {args.pp + args.tg // 2}; read bandwidth by "
+          f"round {[round(r['read_gb_s'], 1) for r in per_round]} GB/s; the roofline's step time over ours, by "
+          f"round: {[f'{f:.0%}' for f in fractions]}, median {fraction:.1%} (gate: 95%)")
+    ratios = {}
     if "llama.cpp F32" in results:
-        ratio = results["nanocompile scheduled"][f"pp{args.pp}"]["median"] / results["llama.cpp F32"][f"pp{args.pp}"]["median"]
-        print(f"prefill: nanocompile / llama.cpp F32 = {ratio:.3f}x (gate: 2.5x)")
+        ratios = {"pp": [r[ours]["pp"] / r["llama.cpp F32"]["pp"] for r in per_round],
+                  "tg": [r["llama.cpp F32"]["step_s"] / r[ours]["step_s"] for r in per_round]}
+        print(f"nanocompile / llama.cpp F32 by round: prefill {[round(x, 3) for x in ratios['pp']]} (median "
+              f"{statistics.median(ratios['pp']):.3f}x, gate 2.5x), decode {[round(x, 3) for x in ratios['tg']]} "
+              f"(median {statistics.median(ratios['tg']):.3f}x)")
     append({"bench": "phase4", "pp": args.pp, "tg": args.tg, "rounds": args.rounds, "engines": results,
             "decode_bytes": decode_bytes, "roofline_ms": roofline_s * 1e3, "roofline_fraction": fraction,
+            "roofline_fraction_by_round": fractions, "ratios_to_llama_by_round": ratios, "per_round": per_round,
             "probe": machine})
 
 

@@ -74,6 +74,12 @@ def check_fingerprint(lib: Library, module: ModelModule) -> None:
         raise ModelError(f"{lib.path}: compiled for {got.get('march')}, but this CPU lacks {', '.join(missing)}")
 
 
+def packed_weights_path(module: ModelModule, weights_key: str) -> Path:
+    """Where the cache keeps these weights in the layout this module's library reads."""
+    from .models.cache import cache_dir
+    return cache_dir() / "packed" / f"{weights_key}-{module.layout_hash[:16]}.bin"
+
+
 class CompiledSession:
     """Same interface as InterpreterSession, running the compiled whole-model library."""
 
@@ -100,8 +106,7 @@ class CompiledSession:
 
         self._tmp = None
         if packed_path is None and weights_key is not None:
-            from .models.cache import cache_dir
-            packed_path = cache_dir() / "packed" / f"{weights_key}-{self.module.layout_hash[:16]}.bin"
+            packed_path = packed_weights_path(self.module, weights_key)
         if packed_path is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="nanocompile-")
             packed_path = Path(self._tmp.name) / "weights.bin"

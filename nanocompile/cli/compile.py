@@ -1,0 +1,66 @@
+"""`nanocompile compile`: ahead of time, build a model's library and pack its weights, so the
+first `run` starts at once. Stages are named as they start; packing shows a progress bar."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from .common import check_precision
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return ""
+
+
+def cmd_compile(args) -> int:
+    from ..build import find_or_build
+    from ..compiler import compile_model
+    from ..library import _bar, packed_weights_path
+    from ..models import load_model
+    from ..pack import pack_weights
+
+    check_precision(args.precision)
+
+    def stage(name):
+        print(f"[{time.perf_counter() - start:6.1f} s] {name}", file=sys.stderr, flush=True)
+
+    start = time.perf_counter()
+    stage(f"loading {args.model}")
+    model = load_model(args.model, progress=not args.quiet)
+    stage("compiling: graph, passes, loop IR, schedules")
+    module = compile_model(model.config, precision=args.precision, march=args.march)
+    stage(f"building the library ({module.march}, {len(module.kernels)} kernels) with CMake, or finding it built")
+    lib, manifest = find_or_build(module)
+    packed = packed_weights_path(module, model.key)
+    if packed.exists():
+        stage("packed weights: already in the cache")
+    else:
+        stage("packing weights")
+        bar = None if args.quiet else _bar(module.weights_bytes, "packing weights")
+        try:
+            pack_weights(module, model.weights, packed, bar.update if bar else None)
+        finally:
+            if bar:
+                bar.close()
+    stage("done")
+    print(f"model     {model.source}")
+    print(f"library   {lib} ({_size(Path(lib).stat().st_size)}), fingerprint {module.fingerprint_hash[:16]}, "
+          f"{module.march}")
+    print(f"weights   {packed} ({_size(packed.stat().st_size)}), layout {module.layout_hash[:16]}, "
+          f"{sum(1 for w in module.weights if w.packed)} of {len(module.weights)} tensors packed in blocks")
+    print(f"workspace {_size(module.arena_bytes)} per session, plus the KV cache")
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("compile", help="build a model's library and pack its weights ahead of time")
+    p.add_argument("-m", "--model", default="default", help="'default', a GGUF file or a Hugging Face directory")
+    p.add_argument("--precision", default="f32", help="f32 (int8 is a later phase)")
+    p.add_argument("--march", help="x86-64 level to compile for (default: this CPU's, e.g. x86-64-v4)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_compile)

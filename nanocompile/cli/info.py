@@ -1,0 +1,65 @@
+"""`nanocompile info`: the target this machine gets, the compiled libraries available (shipped
+in the package and built in the cache), and what the cache holds."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def _size(n: int) -> str:
+    return f"{n / 2 ** 30:.2f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.1f} MiB"
+
+
+def _library_line(where: str, manifest: dict, built: bool) -> str:
+    fp = manifest["fingerprint"]
+    c = fp["config"]
+    what = (f"hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, {c['num_attention_heads']}/"
+            f"{c['num_key_value_heads']} heads, vocab {c['vocab_size']}")
+    flags = ("" if fp.get("fused", True) else ", unfused") + ("" if fp.get("scheduled", True) else ", unscheduled")
+    state = "" if built else " (not built)"
+    return f"  {manifest['prefix'].rstrip('_')}  {fp['march']}, {fp['precision']}{flags}: {what}  [{where}]{state}"
+
+
+def cmd_info(args) -> int:
+    from .. import __version__
+    from ..build import library_file, packaged_manifests
+    from ..models.cache import cache_dir
+    from ..target import detect_march, vector_lanes
+
+    march, isa = detect_march()
+    lanes = vector_lanes(march)
+    print(f"nanocompile {__version__}")
+    print(f"target    {march} ({', '.join(isa) if isa else 'baseline x86-64'}); vector code: "
+          f"{lanes} float32 lanes" + (" (AVX-512)" if lanes == 16 else " (AVX2)" if lanes == 8 else ""))
+    root = cache_dir()
+    print(f"cache     {root} ({_size(_tree_bytes(root))})")
+    for sub in ("models", "weights", "packed", "libs", "requantized"):
+        if (root / sub).exists():
+            print(f"  {sub + '/':13} {_size(_tree_bytes(root / sub))}")
+    print("libraries")
+    found = 0
+    for manifest, directory in packaged_manifests():
+        print(_library_line("shipped in the package", manifest, library_file(directory, manifest).exists()))
+        found += 1
+    for path in sorted((root / "libs").glob("*/manifest.json")):
+        manifest = json.loads(path.read_text())
+        built = (path.parent / ".built").exists()
+        print(_library_line(str(path.parent), manifest, built))
+        found += 1
+    if not found:
+        print("  none: `nanocompile compile -m MODEL` builds one")
+    packed = sorted((root / "packed").glob("*.bin"))
+    if packed:
+        print("packed weights")
+        for f in packed:
+            print(f"  {f.name}  {_size(f.stat().st_size)}")
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("info", help="target ISA, compiled libraries, cache location and size")
+    p.set_defaults(func=cmd_info)
