@@ -1,4 +1,5 @@
 """Every matmul shape of the default model, at 1 row (decode) and 64 rows (a prefill chunk):
+(bench/phase4 runs this first, in the same process as its other measurements)
 the scheduled C kernel (the recipe this CPU gets, through the graph harness), NumPy's x @ W.T
 (its BLAS at two threads) and the roofline, max(bytes / read bandwidth, flops / vector peak),
 from a probe run in the same process. Engines alternate within each round.
@@ -43,17 +44,18 @@ def _time(fn, repeat: int) -> float:
     return statistics.median(best)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args()
+HEADER = ("| shape | K x N | rows | nanocompile us, median | numpy us | roofline us | roofline / nanocompile |\n"
+          "|---|---|---|---|---|---|---|")
+
+
+def measure(rounds: int, machine: dict) -> list[dict]:
+    """Every shape at 1 and 64 rows; prints a table row as each is measured."""
     import numpy as np
 
-    from bench import probe
     from nanocompile.codegen.graph_library import GraphLibrary
 
+    print(HEADER)
     rng = np.random.default_rng(0)
-    machine = probe.measure()
     bw, peak = machine["read_gb_s"]["median"] * 1e9, machine["avx512_mul_add_gflop_s"]["median"] * 1e9
     rows = []
     for name, (k, n) in SHAPES.items():
@@ -80,7 +82,7 @@ def main() -> None:
             assert np.allclose(got, x @ w.T, rtol=1e-3, atol=1e-3), name
             samples = {e: [] for e in engines}
             inner = 3 if n * k * 4 > 1e8 else 20
-            for r in range(args.rounds):
+            for r in range(rounds):
                 for e in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
                     # the other engine's threads spin for a while after its call (OpenBLAS's and
                     # our pool's both): let them sleep, or the two pools share two cores
@@ -95,10 +97,19 @@ def main() -> None:
             c, npy = row["nanocompile"]["median"], row["numpy"]["median"]
             print(f"| {name} | {k}x{n} | {m} | {c:9.1f} (min {row['nanocompile']['min']:.1f}) | {npy:9.1f} | "
                   f"{roof * 1e6:9.1f} | {roof * 1e6 / c:5.0%} |", flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    from bench import probe
+
+    machine = probe.measure()
+    rows = measure(args.rounds, machine)
     append({"bench": "matmul_shapes", "rounds": args.rounds, "probe": machine, "rows": rows})
 
 
 if __name__ == "__main__":
-    print("| shape | K x N | rows | nanocompile us, median | numpy us | roofline us | roofline / nanocompile |\n"
-          "|---|---|---|---|---|---|---|")
     main()

@@ -1,15 +1,16 @@
 """Phase 4: schedules. Reported as llama-bench reports (pp512, tg128, tokens per second), with
 medians and minima beside the means; every engine at two threads, alternating in one run:
 
-    nanocompile, scheduled (parallel loops on the pool)
+    nanocompile, scheduled (the recipes: vector code, packed weights, register tiles, the pool)
     nanocompile, unscheduled (phase 3's library, one thread)
     llama.cpp through llama-cpp-python, on an F32 GGUF of the same weights
     transformers eager
 
-and the decode step against the bandwidth roofline (bytes per step from the loop IR over the
+every matmul shape at 1 and 64 rows (bench.matmul_shapes: C, NumPy, roofline), and the decode
+step against the bandwidth roofline (bytes per step from the loop IR over the
 read bandwidth bench/probe measures in every round, between the engines).
 
-    python -m bench.phase4 [--pp 512] [--tg 128] [--rounds 2]
+    python -m bench.phase4 [--pp 512] [--tg 128] [--rounds 2] [--no-baseline] [--shape-rounds 5]
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-llama", action="store_true")
     ap.add_argument("--no-baseline", action="store_true", help="skip the unscheduled library (slow)")
+    ap.add_argument("--shape-rounds", type=int, default=5, help="rounds of bench.matmul_shapes (0: skip)")
     args = ap.parse_args()
 
     import numpy as np
@@ -46,6 +48,11 @@ def main() -> None:
     from nanocompile.models import cache, load_model
 
     probes = []  # the machine is measured in every round, between the engines: its bandwidth drifts
+    shapes = []
+    if args.shape_rounds:
+        from bench import matmul_shapes
+        shape_probe = probe.measure()
+        shapes = matmul_shapes.measure(args.shape_rounds, shape_probe)
     model = load_model("default", progress=False)
     n_ctx = args.pp + args.tg + 8
     rng = np.random.default_rng(0)
@@ -126,7 +133,7 @@ def main() -> None:
     append({"bench": "phase4", "pp": args.pp, "tg": args.tg, "rounds": args.rounds, "engines": results,
             "decode_bytes": decode_bytes, "roofline_ms": roofline_s * 1e3, "roofline_fraction": fraction,
             "roofline_fraction_by_round": fractions, "ratios_to_llama_by_round": ratios, "per_round": per_round,
-            "probe": machine})
+            "probe": machine, "matmul_shapes": {"probe": shape_probe, "rows": shapes} if shapes else None})
 
 
 if __name__ == "__main__":

@@ -264,3 +264,49 @@ def test_vector_recipes_on_primitives_with_guards(name, lanes):
             got = lib.run(env, inputs, weights, threads=threads)
             for key in want:
                 assert np.array_equal(want[key].view(np.uint8), got[key].view(np.uint8)), (seq, threads)
+
+
+def _matmul_grid(lanes):
+    """Schedules for a [seq, 48] x [48, 64] matmul beyond the recipe: vector width, columns per
+    tile, row tiles that leave every tail of seq 1..9, with and without moving rows inside."""
+    from nanocompile.schedule import Pack, Reorder, Split, Vectorize
+    grid = []
+    for columns in (1, 2, 4):
+        if 64 % (lanes * columns):
+            continue
+        head = [Vectorize("i1", lanes)] + ([UnrollJam("i1", columns)] if columns > 1 else []) + \
+            [Pack("p2", 48, lanes * columns)]
+        grid.append(head + [Parallel("i1")])
+        grid.append(head + [Parallel("i0")])
+        for rows in (2, 3, 5):
+            grid.append(head + [Reorder("i0", "i1"), Split("i0", rows), UnrollJam("i0i", rows), Parallel("i1")])
+        grid.append(head + [Split("i0", 4), Parallel("i0o"), Parallel("i0t")])
+    return grid
+
+
+@pytest.mark.parametrize("lanes", [16, 8])
+def test_grid_of_vector_schedules_is_bitwise_with_guards(lanes):
+    from nanocompile.ir import SEQ
+    g = _graph("matmul", lambda b: b.matmul(b.input("x", [SEQ, 48]), b.permute(b.weight("w", [64, 48]), [1, 0])))
+    base = GraphLibrary(g, fuse=True)
+    rng = np.random.default_rng(12)
+    envs = [{"seq": s, "past": 0} for s in range(1, 10)]
+    feeds = [(env, *_feeds(g, env, rng)) for env in envs]
+    wants = [base.run(env, i, w) for env, i, w in feeds]
+    kernel = next(k for k in _program_kernels(g).values() if k.name.startswith("matmul"))
+    grid = []
+    for schedule in _matmul_grid(lanes):  # the legal ones: one block of 64 columns has no i1 to split
+        try:
+            apply(kernel, schedule)
+            grid.append(schedule)
+        except ScheduleError:
+            continue
+    assert len(grid) >= 8, len(grid)
+    for schedule in grid:
+        lib = GraphLibrary(g, fuse=True, schedule=lambda k, s=schedule: s if k.name.startswith("matmul") else ())
+        for (env, inputs, weights), want in zip(feeds, wants):
+            for threads in THREADS:
+                got = lib.run(env, inputs, weights, threads=threads)
+                for key in want:
+                    assert np.array_equal(want[key].view(np.uint8), got[key].view(np.uint8)), \
+                        ([str(d) for d in schedule], env, threads)

@@ -63,14 +63,8 @@ def c(e, top: bool = True) -> str:
     if isinstance(e, FConst):
         text = float_literal(e.value)
         return text if not text.startswith("-") or top else f"({text})"
-    if isinstance(e, Bin):
-        return wrap(f"{c(e.a, False)} {e.op} {c(e.b, False)}")
-    if isinstance(e, Un):
-        if e.op == "neg":
-            return f"-{c(e.a, False)}"
-        if e.op == "reciprocal":
-            return wrap(f"1.0f / {c(e.a, False)}")
-        return f"{UNARY[e.op]}({c(e.a)})"
+    if isinstance(e, (Bin, Un)):
+        return operator(e, c, lambda op: UNARY[op], wrap)
     if isinstance(e, Select):
         return wrap(f"{c(e.cond, False)} ? {c(e.a, False)} : {c(e.b, False)}")
     if isinstance(e, Cast):
@@ -80,6 +74,18 @@ def c(e, top: bool = True) -> str:
     if isinstance(e, Acc):
         return e.name
     raise TypeError(f"not a loop-IR expression: {e!r}")
+
+
+def operator(e, sub, function, wrap) -> str:
+    """A Bin or Un as C, its operands rendered by sub(operand, top) and a math function's name
+    by function(op): one rule for scalar and vector code."""
+    if isinstance(e, Bin):
+        return wrap(f"{sub(e.a, False)} {e.op} {sub(e.b, False)}")
+    if e.op == "neg":
+        return f"-{sub(e.a, False)}"
+    if e.op == "reciprocal":
+        return wrap(f"1.0f / {sub(e.a, False)}")
+    return f"{function(e.op)}({sub(e.a, True)})"
 
 
 def statements(body, vector=None) -> list[dict]:
@@ -153,14 +159,8 @@ class VectorC:
             return f"nc_load{self.lanes}({self.address(e.param, e.index)})"
         if isinstance(e, Acc):
             return e.name
-        if isinstance(e, Bin):
-            return wrap(f"{self.expr(e.a, False)} {e.op} {self.expr(e.b, False)}")
-        if isinstance(e, Un):
-            if e.op == "neg":
-                return f"-{self.expr(e.a, False)}"
-            if e.op == "reciprocal":
-                return wrap(f"1.0f / {self.expr(e.a, False)}")
-            return f"nc_{UNARY[e.op]}{self.lanes}({self.expr(e.a)})"
+        if isinstance(e, (Bin, Un)):
+            return operator(e, self.expr, lambda op: f"nc_{UNARY[op]}{self.lanes}", wrap)
         if isinstance(e, Select):  # a condition the same in every lane (Vectorize refuses others)
             return wrap(f"{c(e.cond, False)} ? {self.splat(e.a)} : {self.splat(e.b)}")
         raise TypeError(f"no vector form for {e!r}")
