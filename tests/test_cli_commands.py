@@ -199,3 +199,29 @@ def test_chat_on_a_terminal_answers_as_run_does_and_survives_ctrl_c(real_model):
     t.read_until(b"\r\n> ")
     t.type(b"/exit\r")
     assert t.wait() == 0
+
+
+def test_chat_feeds_only_the_new_tokens_of_each_turn(real_model, real_compiled):
+    """The second turn reuses the KV cache: it feeds the conversation's tokens after those cached,
+    and its logits are those of feeding the whole conversation at once."""
+    import numpy as np
+
+    from nanocompile.cli.chat import Conversation
+    from nanocompile.generate_text import generate
+
+    tok = real_model.tokenizer
+    stop = set(tok.eos_ids)
+    chat = Conversation(tok, real_compiled, "You are brief.")
+    chat.messages.append({"role": "user", "content": "Name a colour."})
+    first = chat.pending()
+    assert first == tok.encode(tok.render_chat(chat.messages))
+    answer = generate(real_compiled, first, 12, stop).tokens
+    chat.answered(first, answer, stop)
+    assert real_compiled.past == len(chat.cached)
+    chat.messages.append({"role": "user", "content": "Another one."})
+    second = chat.pending()
+    whole = tok.encode(tok.render_chat(chat.messages))
+    assert whole == chat.cached + second and len(second) < 20
+    reused = real_compiled.step(second)
+    real_compiled.reset()
+    assert np.array_equal(reused, real_compiled.step(whole))

@@ -38,6 +38,12 @@ class Conversation:
         self.cached = []
         return ids
 
+    def answered(self, fed: list[int], answer: list[int], stop) -> None:
+        """Records a turn: the tokens fed, and the answer (its last token is chosen but not yet
+        fed: the next turn's tokens begin with it)."""
+        self.cached += fed + answer[:-1]
+        self.messages.append({"role": "assistant", "content": self.tok.decode([t for t in answer if t not in stop])})
+
 
 def cmd_chat(args) -> int:
     from ..generate_text import TextStream, generate
@@ -105,8 +111,7 @@ def cmd_chat(args) -> int:
                 reason = str(e)
         stream.flush()
         write_out("\n")
-        chat.cached += feed + answer[:-1]  # the last token chosen is not fed until the next turn
-        chat.messages.append({"role": "assistant", "content": tok.decode([t for t in answer if t not in stop])})
+        chat.answered(feed, answer, stop)
         if reason == "interrupted":
             print("(answer stopped)", file=sys.stderr)
         elif reason == "context":
