@@ -9,7 +9,7 @@ from nanocompile.build import cmake_build
 from nanocompile.codegen.graph_library import GraphLibrary
 from nanocompile.compiler import compile_model
 from nanocompile.library import CompiledSession
-from nanocompile.schedule import Parallel, ScheduleError, UnrollJam, _loops, apply
+from nanocompile.schedule import Parallel, ScheduleError, Unroll, UnrollJam, _loops, apply
 
 from model_files import random_weights, tiny_config
 from test_primitives_c import BOUNDED, ENVS, EXACT, _feeds, _graph
@@ -43,6 +43,12 @@ def test_illegal_schedules_are_refused():
         apply(rms, (UnrollJam("i1", 2),))
     with pytest.raises(ScheduleError, match="a symbolic number of iterations"):
         apply(rms, (UnrollJam("i0", 2),))
+    with pytest.raises(ScheduleError, match="'r' is a reduction loop; unrolling it would reorder a sum"):
+        apply(rms, (Unroll("r", 2),))
+    with pytest.raises(ScheduleError, match="is not a multiple of 5; Split it first"):
+        apply(mm, (Unroll("i1", 5),))
+    with pytest.raises(ScheduleError, match="already parallel; Unroll comes before Parallel"):
+        apply(mm, (Parallel("i1"), Unroll("i1", 2)))
 
 
 def test_schedule_is_printed_above_the_kernel():
@@ -57,7 +63,8 @@ def _every_parallel_choice(k):
     same loop, and no schedule at all."""
     choices = [()]
     for var in sorted({s.var for s in _loops(k.body)}):
-        for schedule in [(Parallel(var),)] + [(UnrollJam(var, f), Parallel(var)) for f in (2, 3, 4, 8)]:
+        for schedule in [(Parallel(var),)] + [(UnrollJam(var, f), Parallel(var)) for f in (2, 3, 4, 8)] + \
+                [(Unroll(var, f), Parallel(var)) for f in (2, 3)] + [(Unroll(var, 2),)]:
             try:
                 apply(k, schedule)
                 choices.append(schedule)

@@ -11,14 +11,14 @@ from __future__ import annotations
 import dataclasses
 
 from ..loopir.ir import Kernel
-from .directives import Pack, Parallel, Reorder, ScheduleError, Split, UnrollJam, Vectorize
-from .loops import check_parallel, parallel, reorder, split, unroll_jam
+from .directives import Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam, Vectorize
+from .loops import check_parallel, parallel, reorder, split, unroll, unroll_jam
 from .nest import loops as _loops
 from .pack import pack
 from .recipes import default_schedule
 from .vector import check_lanes, vectorize
 
-_APPLY = {Split: split, Reorder: reorder, UnrollJam: unroll_jam, Vectorize: vectorize, Pack: pack,
+_APPLY = {Split: split, Reorder: reorder, Unroll: unroll, UnrollJam: unroll_jam, Vectorize: vectorize, Pack: pack,
           Parallel: parallel}
 
 
@@ -35,4 +35,4 @@ def apply(k: Kernel, schedule) -> Kernel:
 
 
 __all__ = ["apply", "default_schedule", "check_parallel", "ScheduleError", "Pack", "Parallel", "Reorder", "Split",
-           "UnrollJam", "Vectorize", "_loops"]
+           "Unroll", "UnrollJam", "Vectorize", "_loops"]

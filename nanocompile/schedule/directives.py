@@ -30,6 +30,16 @@ class Reorder:
 
 
 @dataclass(frozen=True)
+class Unroll:
+    """Unroll output loop `loop` by `factor`: each iteration runs `factor` copies of the body."""
+    loop: str
+    factor: int
+
+    def __str__(self) -> str:
+        return f"Unroll({self.loop}, {self.factor})"
+
+
+@dataclass(frozen=True)
 class UnrollJam:
     """Unroll output loop `loop` by `factor` and jam the copies' reduction loops into one; the
     copies' accumulators stay in registers (they are privatized locals of the loop body)."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..loopir.ir import AccInit, AccUpdate, Bin, IConst, Kernel, Loop, Store, Var
-from .directives import Parallel, Reorder, ScheduleError, Split, UnrollJam
-from .nest import find, loops, replace, rewrite, stmts, uses
+from .directives import Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam
+from .nest import declared, find, loops, replace, rewrite, stmts, uses
 
 
 def _output_loop(k: Kernel, var: str, verb: str) -> tuple[Loop, tuple]:
@@ -75,7 +75,27 @@ def reorder(k: Kernel, d: Reorder) -> tuple:
     return replace(k.body, outer, (swapped,))
 
 
-# UnrollJam --------------------------------------------------------------------------------------
+# Unroll, UnrollJam ------------------------------------------------------------------------------
+
+def unroll(k: Kernel, d: Unroll) -> tuple:
+    loop, _ = _output_loop(k, d.loop, "unroll")
+    if not isinstance(loop.extent, IConst) or loop.extent.value % d.factor or d.factor < 2:
+        size = loop.extent.value if isinstance(loop.extent, IConst) else "a symbolic number of"
+        raise ScheduleError(f"{k.name}: loop {d.loop!r} of {size} iterations is not a multiple of {d.factor}; "
+                            f"Split it first")
+    _no_parallel(k, loop, "Unroll")
+    if loop.lanes:
+        raise ScheduleError(f"{k.name}: loop {d.loop!r} is vectorized; UnrollJam unrolls vector loops")
+    whole = loop.extent.value // d.factor
+    body = []
+    for j in range(d.factor):  # each copy's locals renamed: the copies run one after the other
+        index = IConst(j) if whole == 1 else Bin("+", Bin("*", Var(d.loop), IConst(d.factor)), IConst(j))
+        body += rewrite(loop.body, d.loop, index, f"_{j}", declared(loop.body))
+    if whole == 1:
+        return replace(k.body, loop, tuple(body))
+    return replace(k.body, loop, (dataclasses.replace(loop, extent=IConst(whole), body=tuple(body)),))
+
+
 
 def _check_unroll_jam(k: Kernel, d: UnrollJam):
     loop, _ = _output_loop(k, d.loop, "unroll")
@@ -102,7 +122,7 @@ def unroll_jam(k: Kernel, d: UnrollJam) -> tuple:
         else:
             base = Bin("*", Var(d.loop), IConst(d.factor))
             index = Bin("+", base, IConst(j)) if j else base
-        copy = rewrite(loop.body, d.loop, index, f"_{j}")
+        copy = rewrite(loop.body, d.loop, index, f"_{j}", declared(loop.body))
         pre += copy[:at]
         merged += copy[at].body
         post += copy[at + 1:]

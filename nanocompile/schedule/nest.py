@@ -43,24 +43,32 @@ def replace(body, old: Loop, new: tuple) -> tuple:
     return tuple(out)
 
 
-def rewrite(node, var: str, replacement, suffix: str = ""):
-    """node with Var(var) replaced and accumulator names suffixed (a copy of a loop body)."""
+def rewrite(node, var: str, replacement, suffix: str = "", local=None):
+    """node with Var(var) replaced and the accumulators it declares (local: their names; None:
+    every accumulator) suffixed: a copy of a loop body that may sit beside the original."""
     if isinstance(node, Var):
         return replacement if node.name == var else node
     if isinstance(node, Acc):
-        return Acc(node.name + suffix)
+        return Acc(node.name + suffix) if local is None or node.name in local else node
     if isinstance(node, (AccInit, AccUpdate)):
-        return dataclasses.replace(node, name=node.name + suffix, value=rewrite(node.value, var, replacement, suffix))
+        name = node.name + suffix if local is None or node.name in local else node.name
+        return dataclasses.replace(node, name=name, value=rewrite(node.value, var, replacement, suffix, local))
     if isinstance(node, tuple):
-        return tuple(rewrite(x, var, replacement, suffix) for x in node)
+        return tuple(rewrite(x, var, replacement, suffix, local) for x in node)
     if isinstance(node, Bin):
-        return fold(Bin(node.op, rewrite(node.a, var, replacement, suffix), rewrite(node.b, var, replacement, suffix)))
+        return fold(Bin(node.op, rewrite(node.a, var, replacement, suffix, local),
+                        rewrite(node.b, var, replacement, suffix, local)))
     if dataclasses.is_dataclass(node):
-        changes = {f.name: rewrite(getattr(node, f.name), var, replacement, suffix)
+        changes = {f.name: rewrite(getattr(node, f.name), var, replacement, suffix, local)
                    for f in dataclasses.fields(node) if f.name not in ("var", "parallel", "lanes", "name", "param",
                                                                         "op", "dtype", "kind")}
         return dataclasses.replace(node, **changes)
     return node
+
+
+def declared(body) -> set:
+    """The accumulators and locals a body declares."""
+    return {s.name for s in stmts(body) if isinstance(s, AccInit)}
 
 
 def fold(e: Bin):
