@@ -317,3 +317,15 @@ def test_grid_of_vector_schedules_is_bitwise_with_guards(lanes):
                 for key in want:
                     assert np.array_equal(want[key].view(np.uint8), got[key].view(np.uint8)), \
                         ([str(d) for d in schedule], env, threads)
+
+
+@pytest.mark.parametrize("march", ["x86-64-v4", "x86-64-v3"])
+def test_vector_code_builds_without_warnings(march, tmp_path):
+    """The generated tree with vector kernels, through CMake with -Wall -Wextra, for AVX-512 and
+    AVX2 targets."""
+    from nanocompile.generate import write_tree
+    m = compile_model(tiny_config(**VECTOR_CFG), march=march)
+    write_tree(m, tmp_path / "src")
+    assert "nc_load" in (tmp_path / "src" / "model.c").read_text()
+    log = cmake_build(tmp_path / "src", tmp_path / "build")
+    assert "warning:" not in log, log
