@@ -1,0 +1,40 @@
+"""The shipped library's logits, pinned: a refactor of the compiler must not change one bit.
+
+The checksum was recorded from the float32 library of the landed main before the compiler-core
+redesign (issue 10), at 1, 2 and 3 threads and at the AVX-512 and AVX2 levels (all equal, since
+every schedule keeps each value's operations and their order). A change that is meant to change
+the arithmetic (a new reference order, FMA) updates it here and says why in the commit.
+"""
+import hashlib
+
+import numpy as np
+
+PROMPT = "def quicksort(arr):\n"
+STEPS = 6
+PINNED = "5f938ad6eeeb3aad12c3bd08a1bb67b91775f8fcefc43a033d809835d236f53b"
+
+
+def logits_checksum(session, ids) -> tuple[str, list[int]]:
+    """SHA-256 over the prompt's logits (every row), six greedy steps' logits and the KV cache
+    of the first and last layers."""
+    session.reset()
+    digest = hashlib.sha256()
+    logits = session.step(ids, all_logits=True)
+    digest.update(logits.tobytes())
+    token, tokens = int(np.argmax(logits[-1])), []
+    for _ in range(STEPS):
+        tokens.append(token)
+        row = session.step([token])
+        digest.update(row.tobytes())
+        token = int(np.argmax(row))
+    for layer in (0, session.config.num_hidden_layers - 1):
+        k, v = session.read_cache(layer)
+        digest.update(k.tobytes())
+        digest.update(v.tobytes())
+    return digest.hexdigest(), tokens
+
+
+def test_default_model_logits_are_pinned(real_model, real_compiled):
+    checksum, tokens = logits_checksum(real_compiled, real_model.tokenizer.encode(PROMPT))
+    assert tokens == [262, 421, 2422, 10939, 8, 2651]
+    assert checksum == PINNED
