@@ -45,6 +45,12 @@ def machine() -> dict:
     return info
 
 
+def vector_peak(probe: dict) -> dict:
+    """The probe's multiply-add peak at the widest vector it measured: AVX-512 if the CPU has
+    it, else AVX2 (the probe reports null for what the CPU lacks)."""
+    return probe.get("avx512_mul_add_gflop_s") or probe["avx2_mul_add_gflop_s"]
+
+
 def summary(samples: list[float]) -> dict:
     """Median, minimum, maximum and the interquartile range; never the mean alone."""
     s = sorted(samples)

@@ -12,7 +12,7 @@ import argparse
 import statistics
 import time
 
-from bench.common import THREADS, append, pin_threads, summary
+from bench.common import THREADS, append, pin_threads, summary, vector_peak
 
 pin_threads(THREADS)
 
@@ -56,7 +56,7 @@ def measure(rounds: int, machine: dict) -> list[dict]:
 
     print(HEADER)
     rng = np.random.default_rng(0)
-    bw, peak = machine["read_gb_s"]["median"] * 1e9, machine["avx512_mul_add_gflop_s"]["median"] * 1e9
+    bw, peak = machine["read_gb_s"]["median"] * 1e9, vector_peak(machine)["median"] * 1e9
     rows = []
     for name, (k, n) in SHAPES.items():
         lib = GraphLibrary(_graph(k, n), max_seq=64, schedule="default")

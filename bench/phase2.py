@@ -35,20 +35,20 @@ def work_report(module) -> dict:
             "arena_bytes": plan.arena_bytes, "arena_bytes_without_reuse": plan.unshared_bytes}
 
 
-def compile_times(module) -> dict:
+def compile_times(config) -> dict:
     from nanocompile.build import cmake_build, find_or_build
     from nanocompile.compiler import compile_model
     from nanocompile.generate import write_tree
 
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
-        m = compile_model(module.config)
+        m = compile_model(config)
         write_tree(m, Path(d) / "tree")
         t1 = time.perf_counter()
         cmake_build(Path(d) / "tree", Path(d) / "build")
         t2 = time.perf_counter()
     t3 = time.perf_counter()
-    find_or_build(compile_model(module.config))
+    find_or_build(compile_model(config))
     t4 = time.perf_counter()
     return {"generate_s": t1 - t0, "cmake_build_s": t2 - t1, "cold_s": t2 - t0, "cached_s": t4 - t3}
 
@@ -132,7 +132,7 @@ def main() -> None:
     model = load_model("default", progress=False)
     module = compile_model(model.config)
     work = work_report(module)
-    compile_t = compile_times(module)
+    compile_t = compile_times(model.config)
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(0, 150000, args.prompt)]
     prof = profile(model, prompt, module)

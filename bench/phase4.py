@@ -19,7 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.common import THREADS, append, pin_threads, summary, timed_session, timed_transformers
+from bench.common import THREADS, append, pin_threads, summary, timed_session, timed_transformers, vector_peak
 
 pin_threads()
 
@@ -108,9 +108,10 @@ def main() -> None:
                   flush=True)
         per_round.append(this)
 
+    probes = [{"read_gb_s": p["read_gb_s"], "vector_mul_add_gflop_s": vector_peak(p)} for p in probes]
     machine = {key: {"median": statistics.median(p[key]["median"] for p in probes),
                      "min": min(p[key]["median"] for p in probes), "max": max(p[key]["median"] for p in probes)}
-               for key in ("read_gb_s", "avx512_mul_add_gflop_s")}
+               for key in ("read_gb_s", "vector_mul_add_gflop_s")}
     decode_bytes = bytes_per_run(scheduled.module.variants["last"]).evaluate({"seq": 1, "past": args.pp + args.tg // 2})
     roofline_s = decode_bytes / (machine["read_gb_s"]["median"] * 1e9)
     results = {}

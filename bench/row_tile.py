@@ -27,13 +27,16 @@ def main() -> None:
     import nanocompile.schedule.recipes as recipes
     from nanocompile.library import CompiledSession
     from nanocompile.models import load_model
+    from nanocompile.target import detect_march, vector_lanes
 
     model = load_model("default", progress=False)
     prompt = [int(t) for t in np.random.default_rng(0).integers(0, 150000, args.pp)]
     sessions = {}
     saved = dict(recipes.TILES)
+    lanes = vector_lanes(detect_march()[0])
+    columns = {16: 4, 8: 2}[lanes]  # the recipe's column vectors per row at this width
     for rows in map(int, args.tiles.split(",")):
-        recipes.TILES[16] = (rows, 4 * rows)  # four column vectors per row
+        recipes.TILES[lanes] = (rows, columns * rows)
         sessions[rows] = CompiledSession(model.config, model.weights, args.pp + 8, THREADS, model.key)
     recipes.TILES.update(saved)
     samples = {rows: [] for rows in sessions}

@@ -13,8 +13,11 @@ import subprocess
 from importlib import resources
 from pathlib import Path
 
-from .compiler import ModelModule
+from .codegen.render import render_tree
+from .compiler import Module
 from .errors import NanocompileError
+from .generate import write_tree
+from .models.cache import cache_dir
 
 
 class BuildError(NanocompileError):
@@ -68,12 +71,9 @@ def library_file(directory: Path, manifest: dict) -> Path:
     return directory / f"lib{manifest['library']}.so"
 
 
-def find_or_build(module: ModelModule, progress=None) -> tuple[Path, dict]:
+def find_or_build(module: Module, progress=None) -> tuple[Path, dict]:
     """The compiled library for this module: shipped, cached, or built now. A library is used
     only if it was built from exactly the sources this package generates for the module."""
-    from .codegen.render import render_tree
-    from .generate import write_tree
-    from .models.cache import cache_dir
 
     wanted = json.loads(render_tree(module)["manifest.json"])
     for manifest, directory in packaged_manifests():

@@ -1,12 +1,18 @@
-"""The compiler driver: a Qwen2 config in, one whole-model module out.
+"""The compiler driver: a step program in, one module out, through these stages in order.
 
-    graph (frontend) -> cse -> fold_constants -> plan_fusion -> loop IR (lower) -> memory plan
-        for each forward variant: logits of the last row, of all rows, or none
-    -> schedules (the default recipe per kernel)
-    fuse=False stops after the frontend: one kernel per primitive (the phase 2 baseline);
-    schedule=False leaves every kernel on one thread, as lowered (the phase 3 baseline)
+    cse        graph    merge equal nodes                                  passes/cse.py
+    fold       graph    evaluate what depends on constants alone           passes/fold.py
+    fusion     graph    decide which values get a buffer                   passes/fusion.py
+    lower      loop IR  one kernel per root (per primitive unfused)        loopir/lower.py
+    link       loop IR  one table of distinct kernels for every variant    loopir/link.py
+    schedule   loop IR  each kernel's recipe, the weights' layouts         schedule/program.py
+    memory     loop IR  a static arena offset for every intermediate       loopir/plan.py
 
-The variants share kernels: a kernel is its loop IR, and equal loop IR is one C function.
+compile_program() runs them on every variant of a step program (the frontend's graphs and
+signature) and returns a Module, which codegen/ renders as C. fuse=False skips cse, fold and
+fusion (one kernel per primitive: fusion's baseline); schedule=False skips schedule (every
+kernel on one thread, as lowered: the schedules' baseline). dump_after=STAGE prints the graph
+or the loop IR after that stage.
 """
 from __future__ import annotations
 
@@ -14,62 +20,162 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
 from . import __version__
 from .frontend.config import Qwen2Config
-from .frontend.qwen2 import LOGITS, build_qwen2
-from .loopir.ir import Kernel, Program
+from .frontend.qwen2 import qwen2_program
+from .ir.graph import Graph, format_graph
+from .loopir.ir import Kernel, Program, format_program
+from .loopir.link import link
 from .loopir.lower import lower
 from .loopir.plan import MemoryPlan, plan_memory
+from .pack import WeightSlot, weight_layout
 from .passes.cse import cse
 from .passes.fold import fold_constants
 from .passes.fusion import plan_fusion
 from .schedule.program import schedule_program
+from .signature import Signature, StepProgram
 from .target import detect_march, vector_lanes
 
 GENERATOR = f"nanocompile {__version__} codegen 1"
 DEFAULT_CHUNK = 64
-HEADER_BYTES = 4096
-WEIGHT_ALIGN = 64
 
 
 @dataclass(frozen=True)
-class WeightSlot:
-    name: str         # transformers' name
-    buffer: str       # C identifier
-    shape: tuple[int, ...]
-    offset: int       # bytes from the start of the packed file
-    nbytes: int
-    packed: tuple = ()  # (row, block): stored in the blocked layout schedule.Pack reads; () row-major
+class Options:
+    precision: str = "f32"
+    max_chunk: int = DEFAULT_CHUNK   # the largest chunk of new rows a pass takes (seq)
+    max_past: int | None = None      # the largest past the memory plan covers (None: the signature's)
+    march: str | None = None         # x86-64 level; None: this CPU's (or NANOCOMPILE_MARCH)
+    fuse: bool = True
+    schedule: bool = True
+    lanes: int | None = None         # vector lanes for the recipes; None: the march's
+    choose: Callable | None = None   # kernel -> directives, replacing the recipes (tests)
 
 
 @dataclass
-class ModelModule:
-    config: Qwen2Config
-    precision: str
-    max_chunk: int
-    march: str
-    isa: list[str]
-    fused: bool = True
-    scheduled: bool = True
+class Compilation:
+    """What the stages hand each other."""
+    signature: Signature
+    options: Options
+    graphs: dict[str, Graph]
+    fusion: dict = field(default_factory=dict)
+    programs: dict[str, Program] = field(default_factory=dict)
     kernels: dict[str, Kernel] = field(default_factory=dict)
-    variants: dict[str, Program] = field(default_factory=dict)
+    packed: dict[str, tuple] = field(default_factory=dict)
     plans: dict[str, MemoryPlan] = field(default_factory=dict)
-    weights: list[WeightSlot] = field(default_factory=list)
-    consts: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def lanes(self) -> int:
+        o = self.options
+        return vector_lanes(o.march) if o.lanes is None else o.lanes
+
+
+def run_cse(c: Compilation) -> None:
+    c.graphs = {v: cse(g) for v, g in c.graphs.items()}
+
+
+def run_fold(c: Compilation) -> None:
+    c.graphs = {v: fold_constants(g) for v, g in c.graphs.items()}
+
+
+def run_fusion(c: Compilation) -> None:
+    state = frozenset(s.name for s in c.signature.state)
+    c.fusion = {v: plan_fusion(g, state) for v, g in c.graphs.items()}
+
+
+def run_lower(c: Compilation) -> None:
+    c.programs = {v: lower(g, c.signature, c.fusion.get(v)) for v, g in c.graphs.items()}
+
+
+def run_link(c: Compilation) -> None:
+    c.kernels = link(c.programs.values())
+
+
+def run_schedule(c: Compilation) -> None:
+    c.packed = schedule_program(c.kernels, c.programs.values(), c.lanes, c.options.choose)
+
+
+def run_memory(c: Compilation) -> None:
+    past = c.options.max_past if c.options.max_past is not None else c.signature.max_positions
+    c.plans = {v: plan_memory(p, c.options.max_chunk, past) for v, p in c.programs.items()}
+
+
+STAGES = {"cse": run_cse, "fold": run_fold, "fusion": run_fusion, "lower": run_lower, "link": run_link,
+          "schedule": run_schedule, "memory": run_memory}
+GRAPH_STAGES = ("cse", "fold", "fusion")
+
+
+def stages_for(options: Options) -> list[str]:
+    skipped = set(GRAPH_STAGES if not options.fuse else ()) | ({"schedule"} if not options.schedule else set())
+    return [s for s in STAGES if s not in skipped]
+
+
+def dump(c: Compilation, stage: str) -> str:
+    """The graph (graph stages) or the loop IR (the others) of every variant after a stage."""
+    if stage in GRAPH_STAGES:
+        return "".join(format_graph(g) for g in c.graphs.values())
+    text = "".join(format_program(p) for p in c.programs.values())
+    if stage == "memory":
+        for v, plan in c.plans.items():
+            text += f"memory plan {v}: {plan.arena_bytes} bytes\n"
+            text += "".join(f"  {s.buffer} at {s.offset}, {s.size} bytes, calls {s.first}..{s.last}\n"
+                            for s in sorted(plan.slots.values(), key=lambda s: (s.first, s.buffer)))
+    return text
+
+
+def run_pipeline(program: StepProgram, options: Options, dump_after: str | None = None,
+                 out: Callable[[str], None] = print) -> Compilation:
+    if dump_after is not None and dump_after not in STAGES:
+        raise ValueError(f"unknown stage {dump_after!r}; the stages are {', '.join(STAGES)}")
+    c = Compilation(program.signature, options, dict(program.graphs))
+    for stage in stages_for(options):
+        STAGES[stage](c)
+        if stage == dump_after:
+            out(dump(c, stage))
+    if dump_after is not None and dump_after not in stages_for(options):
+        out(f"(stage {dump_after} is skipped with these options)\n")
+    return c
+
+
+@dataclass
+class Module:
+    """A compiled step program: what codegen renders into one library."""
+    signature: Signature
+    options: Options
+    isa: list[str]
+    kernels: dict[str, Kernel]
+    variants: dict[str, Program]
+    plans: dict[str, MemoryPlan]
+    weights: list[WeightSlot]
+    consts: dict[str, np.ndarray]
+
+    @property
+    def precision(self) -> str:
+        return self.options.precision
+
+    @property
+    def march(self) -> str:
+        return self.options.march
+
+    @property
+    def max_chunk(self) -> int:
+        return self.options.max_chunk
 
     @property
     def prefix(self) -> str:
-        """The C symbol prefix: qwen2_ plus a short hash of what the library is compiled for."""
-        return f"qwen2_{self.fingerprint_hash[:10]}_"
+        """The C symbol prefix: the signature's name plus a short hash of what it is compiled for."""
+        return f"{self.signature.name}_{self.fingerprint_hash[:10]}_"
 
     @property
     def fingerprint(self) -> dict:
-        return {"generator": GENERATOR, "config": json.loads(self.config.to_json()), "precision": self.precision,
-                "max_chunk": self.max_chunk, "march": self.march, "isa": self.isa, "fused": self.fused,
-                "scheduled": self.scheduled}
+        o = self.options
+        return {"generator": GENERATOR, "config": self.signature.config, "precision": o.precision,
+                "max_chunk": o.max_chunk, "march": o.march, "isa": self.isa, "fused": o.fuse,
+                "scheduled": o.schedule}
 
     @property
     def fingerprint_json(self) -> str:
@@ -88,7 +194,7 @@ class ModelModule:
     def layout_hash(self) -> str:
         """Identifies the packed weights file layout this library reads."""
         table = [(w.name, w.shape, w.offset, w.nbytes, list(w.packed)) for w in self.weights]
-        what = [json.loads(self.config.to_json()), self.precision, table]  # the kernels only through the layouts
+        what = [self.signature.config, self.precision, table]  # the kernels only through the layouts
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
     @property
@@ -96,73 +202,36 @@ class ModelModule:
         return max(p.arena_bytes for p in self.plans.values())
 
 
-def _link(module: ModelModule, prog: Program) -> None:
-    """Adds a variant's kernels to the module, one C function per distinct kernel."""
-    by_key = {k.key(): name for name, k in module.kernels.items()}
-    rename = {}
-    for name, k in prog.kernels.items():
-        if k.key() in by_key:
-            rename[name] = by_key[k.key()]
-            continue
-        new, i = name, 2
-        while new in module.kernels:
-            new, i = f"{name}_v{i}", i + 1
-        k.name = new
-        module.kernels[new] = k
-        by_key[k.key()] = new
-        rename[name] = new
-    for call in prog.calls:
-        call.kernel = rename[call.kernel]
-    prog.kernels = {rename[n]: module.kernels[rename[n]] for n in prog.kernels}
+def resolve_options(options: Options) -> tuple[Options, list[str]]:
+    """The options with the target level filled in, and the ISA flags it requires (none when a
+    level was asked for explicitly: it may be built for another machine)."""
+    if options.march is not None:
+        return options, []
+    march, isa = detect_march()
+    return dataclasses.replace(options, march=march), isa
 
 
-def _weight_layout(cfg: Qwen2Config, prog: Program) -> list[WeightSlot]:
-    from .frontend.config import weight_shapes
-    from .loopir.lower import buffer_name
-
-    slots, offset = [], HEADER_BYTES
-    for name, shape in weight_shapes(cfg).items():
-        nbytes = int(np.prod(shape)) * 4
-        slots.append(WeightSlot(name, "w_" + buffer_name("weight", name), tuple(shape), offset, nbytes))
-        offset += (nbytes + WEIGHT_ALIGN - 1) // WEIGHT_ALIGN * WEIGHT_ALIGN
-    used = {b for b, buf in prog.buffers.items() if buf.kind == "weight"}
-    missing = used - {s.buffer for s in slots}
-    assert not missing, missing
-    return slots
-
-
-def optimize(graph):
-    """The graph passes, in order; returns the graph and its fusion plan."""
-    graph = fold_constants(cse(graph))
-    return graph, plan_fusion(graph)
+def compile_program(program: StepProgram, options: Options = Options(), dump_after: str | None = None,
+                    out: Callable[[str], None] = print) -> Module:
+    if options.precision != "f32":
+        raise ValueError(f"precision {options.precision!r} is not supported yet (f32)")
+    options, isa = resolve_options(options)
+    c = run_pipeline(program, options, dump_after, out)
+    consts = {}
+    for prog in c.programs.values():
+        consts.update(prog.consts)
+    return Module(program.signature, options, isa, c.kernels, c.programs, c.plans,
+                  weight_layout(program.signature, c.packed), consts)
 
 
 def compile_model(cfg: Qwen2Config, precision: str = "f32", max_chunk: int = DEFAULT_CHUNK,
-                  march: str | None = None, fuse: bool = True, schedule: bool = True) -> ModelModule:
-    if precision != "f32":
-        raise ValueError(f"precision {precision!r} is not supported yet (f32)")
-    detected, isa = detect_march()
-    # the generated code uses epsilon and theta as float32, so configs that differ only below
-    # float32's precision (1e-6 in config.json, its float32 in a GGUF) are one library
-    cfg = dataclasses.replace(cfg, rms_norm_eps=float(np.float32(cfg.rms_norm_eps)),
-                              rope_theta=float(np.float32(cfg.rope_theta)))
-    module = ModelModule(cfg, precision, max_chunk, march or detected, isa if march is None else [], fuse, schedule)
-    for logits in LOGITS:
-        graph, plan = build_qwen2(cfg, logits=logits), None
-        if fuse:
-            graph, plan = optimize(graph)
-        prog = lower(graph, f"forward_{logits}", plan=plan)
-        _link(module, prog)
-        module.variants[logits] = prog
-        module.plans[logits] = plan_memory(prog, max_chunk, cfg.max_position_embeddings)
-        module.consts.update(prog.consts)
-    module.weights = _weight_layout(cfg, module.variants["all"])
-    if schedule:
-        packed = schedule_program(module.kernels, module.variants.values(), vector_lanes(module.march))
-        module.weights = [dataclasses.replace(w, packed=packed.get(w.buffer, ())) for w in module.weights]
-    return module
+                  march: str | None = None, fuse: bool = True, schedule: bool = True,
+                  dump_after: str | None = None, out: Callable[[str], None] = print) -> Module:
+    """A Qwen2 config, compiled: the frontend's step program through compile_program."""
+    options = Options(precision=precision, max_chunk=max_chunk, march=march, fuse=fuse, schedule=schedule)
+    return compile_program(qwen2_program(cfg), options, dump_after, out)
 
 
-def count_calls(module: ModelModule, variant: str = "last") -> dict:
+def count_calls(module: Module, variant: str = "last") -> dict:
     prog = module.variants[variant]
     return {"calls": len(prog.calls), "distinct_kernels": len({c.kernel for c in prog.calls})}

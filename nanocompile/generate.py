@@ -15,18 +15,19 @@ import shutil
 import sys
 from pathlib import Path
 
-from .compiler import DEFAULT_CHUNK, ModelModule, compile_model
+from .codegen.render import data_root, render_tree
+from .compiler import DEFAULT_CHUNK, STAGES, Module, compile_model
+from .errors import NanocompileError
 from .frontend.config import Qwen2Config
+from .pack import pack_weights
 
 DEFAULT_ARCH = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                            num_key_value_heads=2, vocab_size=151936, rope_theta=1_000_000.0,
                            rms_norm_eps=1e-6, max_position_embeddings=32768)
 
 
-def write_tree(module: ModelModule, out: Path) -> dict[str, Path]:
+def write_tree(module: Module, out: Path) -> dict[str, Path]:
     """Writes every generated file (only those whose text changed) and the runtime; returns them."""
-    from .codegen.render import data_root, render_tree
-
     out.mkdir(parents=True, exist_ok=True)
     written = {}
     for name, text in render_tree(module).items():
@@ -53,21 +54,22 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="largest chunk of new tokens per pass")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--no-weights", action="store_true", help="do not write weights.bin")
+    ap.add_argument("--dump-after", choices=list(STAGES), metavar="STAGE",
+                    help=f"also print the graph or loop IR after a stage ({', '.join(STAGES)})")
     args = ap.parse_args(argv)
 
-    from .errors import NanocompileError
     try:
         model = None
         if args.default_arch:
             cfg = DEFAULT_ARCH
         else:
+            # here, not at the top: `pip install .` runs this module with numpy and jinja2 alone
             from .models import load_model
             model = load_model(args.model)
             cfg = model.config
-        module = compile_model(cfg, args.precision, args.chunk)
+        module = compile_model(cfg, args.precision, args.chunk, dump_after=args.dump_after)
         write_tree(module, args.out)
         if model is not None and not args.no_weights:
-            from .pack import pack_weights
             pack_weights(module, model.weights, args.out / "weights.bin")
     except NanocompileError as e:
         print(f"nanocompile.generate: error: {e}", file=sys.stderr)

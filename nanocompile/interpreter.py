@@ -20,7 +20,7 @@ class InterpreterError(RuntimeError):
     pass
 
 
-def _evaluate(node: Node, vals: list, env: Mapping[str, int], inputs, weights):
+def evaluate_node(node: Node, vals: list, env: Mapping[str, int], inputs, weights):
     a = node.attrs
     x = [vals[i] for i in node.args]
     op = node.op
@@ -102,7 +102,7 @@ def run(graph: Graph, env: Mapping[str, int], inputs: Mapping[str, np.ndarray],
     # exp of a large argument overflows to inf by definition (IEEE), not by accident
     with np.errstate(over="ignore", under="ignore"):
         for node in graph.nodes:
-            value = _evaluate(node, vals, env, inputs, weights)
+            value = evaluate_node(node, vals, env, inputs, weights)
             value = np.asarray(value)
             want = evaluate_shape(node.shape, env)
             if value.shape != want or value.dtype != NP_DTYPES[node.dtype]:

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import ctypes
 import json
+import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from .compiler import ModelModule, compile_model
+from .build import find_or_build
+from .checks import check_n_ctx, check_tokens
+from .compiler import Module, compile_model
 from .errors import ContextFullError, InputError, ModelError, NanocompileError
 from .frontend.config import Qwen2Config
-from .session import check_n_ctx, check_tokens
+from .models.cache import cache_dir
+from .pack import pack_weights
 from .target import missing_flags
 
 NC_OK, NC_ERR_ARGUMENT, NC_ERR_TOKEN, NC_ERR_CONTEXT, NC_ERR_WEIGHTS, NC_ERR_MEMORY, NC_ERR_CPU = range(7)
@@ -36,9 +40,10 @@ SIGNATURES = {
     "layout_hash": (_s, []),
     "workspace_size": (_u64, []),
     "weights_size": (_u64, []),
-    "vocab_size": (_i32, []),
+    "input_limit": (_i32, []),
+    "output_row": (_i32, []),
     "max_chunk": (_i32, []),
-    "read_cache": (_c_int, [_p, _i32, _i32, _p]),
+    "read_state": (_c_int, [_p, _i32, _i32, _p]),
 }
 
 
@@ -63,7 +68,7 @@ class Library:
         return json.loads(self.fingerprint().decode())
 
 
-def check_fingerprint(lib: Library, module: ModelModule) -> None:
+def check_fingerprint(lib: Library, module: Module) -> None:
     got, want = lib.fingerprint_dict(), module.fingerprint
     if got != want:
         differ = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
@@ -74,9 +79,8 @@ def check_fingerprint(lib: Library, module: ModelModule) -> None:
         raise ModelError(f"{lib.path}: compiled for {got.get('march')}, but this CPU lacks {', '.join(missing)}")
 
 
-def packed_weights_path(module: ModelModule, weights_key: str) -> Path:
+def packed_weights_path(module: Module, weights_key: str) -> Path:
     """Where the cache keeps these weights in the layout this module's library reads."""
-    from .models.cache import cache_dir
     return cache_dir() / "packed" / f"{weights_key}-{module.layout_hash[:16]}.bin"
 
 
@@ -94,9 +98,6 @@ class CompiledSession:
         fuse=False builds the unfused library (one kernel per primitive): fusion's baseline;
         schedule=False the unscheduled one (one thread): the schedules' baseline; march another
         x86-64 level than this CPU's (x86-64-v3: AVX2 code on an AVX-512 machine)."""
-        from .build import find_or_build
-        from .pack import pack_weights
-
         self.config = config
         self.n_ctx = check_n_ctx(n_ctx, config)
         self.module = compile_model(config, fuse=fuse, schedule=schedule, march=march)
@@ -111,7 +112,7 @@ class CompiledSession:
             self._tmp = tempfile.TemporaryDirectory(prefix="nanocompile-")
             packed_path = Path(self._tmp.name) / "weights.bin"
         if not packed_path.exists():
-            bar = _bar(self.module.weights_bytes, "packing weights") if progress else None
+            bar = progress_bar(self.module.weights_bytes, "packing weights") if progress else None
             try:
                 pack_weights(self.module, weights, packed_path, bar.update if bar else None)
             finally:
@@ -128,7 +129,7 @@ class CompiledSession:
             if rc == NC_ERR_WEIGHTS:
                 raise ModelError(f"{packed_path}: {message}")
             raise (InputError if rc == NC_ERR_ARGUMENT else NanocompileError)(message)
-        self.vocab = self.lib.vocab_size()
+        self.vocab = self.lib.output_row()
         self._last = np.empty(self.vocab, np.float32)
 
     @property
@@ -155,9 +156,9 @@ class CompiledSession:
         """Layer's cached keys and values, [kv_heads, past, head_dim] like the graph's cache."""
         cfg = self.config
         out = []
-        for kv in (0, 1):
+        for array in (0, 1):  # the signature's state arrays: cache_k, cache_v
             rows = np.empty((self.past, cfg.num_key_value_heads, cfg.head_dim), np.float32)
-            self._check(self.lib.read_cache(self._handle, layer, kv, rows.ctypes.data))
+            self._check(self.lib.read_state(self._handle, array, layer, rows.ctypes.data))
             out.append(rows.transpose(1, 0, 2).copy())
         return out[0], out[1]
 
@@ -192,10 +193,9 @@ class CompiledSession:
 
 
 def _say(message: str) -> None:
-    import sys
     print(f"nanocompile: {message}", file=sys.stderr)
 
 
-def _bar(total: int, desc: str):
+def progress_bar(total: int, desc: str):
     from tqdm import tqdm
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, leave=False)

@@ -5,24 +5,53 @@ from __future__ import annotations
 
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .compiler import HEADER_BYTES, ModelModule
 from .errors import ModelError
 from .schedule.pack import pack_array
+from .signature import Signature, weight_buffer
 
 MAGIC = b"NCWEIGHT"
 VERSION = 1
+HEADER_BYTES = 4096
+WEIGHT_ALIGN = 64
+DTYPE_BYTES = {"f32": 4}
 
 
-def header(module: ModelModule) -> bytes:
+@dataclass(frozen=True)
+class WeightSlot:
+    name: str         # the frontend's name (transformers')
+    cname: str        # its C identifier
+    shape: tuple[int, ...]
+    offset: int       # bytes from the start of the packed file
+    nbytes: int
+    packed: tuple = ()  # (row, block): stored in the blocked layout schedule.Pack reads; () row-major
+
+    @property
+    def buffer(self) -> str:
+        return weight_buffer(self.cname)
+
+
+def weight_layout(signature: Signature, packed: dict[str, tuple]) -> list[WeightSlot]:
+    """Every weight of the signature at an aligned offset after the header, in its order, in the
+    layout the schedules chose for its buffer."""
+    slots, offset = [], HEADER_BYTES
+    for w in signature.weights:
+        nbytes = int(np.prod(w.shape)) * DTYPE_BYTES[w.dtype]
+        slots.append(WeightSlot(w.name, w.cname, tuple(w.shape), offset, nbytes, packed.get(weight_buffer(w.cname), ())))
+        offset += (nbytes + WEIGHT_ALIGN - 1) // WEIGHT_ALIGN * WEIGHT_ALIGN
+    return slots
+
+
+def header(module) -> bytes:
     head = MAGIC + struct.pack("<IIQ", VERSION, HEADER_BYTES, module.weights_bytes) + module.layout_hash.encode()
     return head + b"\0" * (HEADER_BYTES - len(head))
 
 
-def pack_weights(module: ModelModule, weights: dict[str, np.ndarray], dest: Path, progress=None) -> Path:
+def pack_weights(module, weights: dict[str, np.ndarray], dest: Path, progress=None) -> Path:
     """Writes the packed file atomically (a temporary name, then a rename)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")

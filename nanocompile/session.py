@@ -8,30 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import interpreter
+from .checks import check_n_ctx, check_tokens
 from .errors import ContextFullError, InputError
 from .frontend.config import Qwen2Config
 from .frontend.qwen2 import build_qwen2, cache_names
-
-
-def check_tokens(tokens, vocab_size: int) -> np.ndarray:
-    array = np.asarray(tokens)
-    if array.ndim != 1 or array.size == 0:
-        raise InputError("a step needs at least one token")
-    if not np.issubdtype(array.dtype, np.integer):
-        raise InputError(f"token ids must be integers, got {array.dtype}")
-    bad = np.flatnonzero((array < 0) | (array >= vocab_size))
-    if bad.size:
-        i = int(bad[0])
-        raise InputError(f"token id {int(array[i])} at position {i} is outside the vocabulary (0..{vocab_size - 1})")
-    return array.astype(np.int32)
-
-
-def check_n_ctx(n_ctx: int, cfg: Qwen2Config) -> int:
-    if not isinstance(n_ctx, int) or n_ctx < 1:
-        raise InputError(f"context size must be a positive integer, got {n_ctx!r}")
-    if n_ctx > cfg.max_position_embeddings:
-        raise InputError(f"context size {n_ctx} exceeds the model's maximum of {cfg.max_position_embeddings}")
-    return n_ctx
+from .library import CompiledSession
 
 
 class InterpreterSession:
@@ -40,8 +22,6 @@ class InterpreterSession:
     backend_name = "interp"
 
     def __init__(self, config: Qwen2Config, weights: dict[str, np.ndarray], n_ctx: int = 4096):
-        from . import interpreter
-
         self.config = config
         self.n_ctx = check_n_ctx(n_ctx, config)
         self.weights = weights
@@ -78,7 +58,6 @@ def open_session(model, backend: str = "compiled", n_ctx: int = 4096, threads: i
     if backend == "interp":
         return InterpreterSession(model.config, model.weights, n_ctx=n_ctx)
     if backend == "compiled":
-        from .library import CompiledSession
         return CompiledSession(model.config, model.weights, n_ctx=n_ctx, threads=threads,
                                weights_key=model.key, progress=progress)
     raise InputError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")

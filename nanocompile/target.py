@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import platform
 from pathlib import Path
 
@@ -25,8 +26,28 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+FORCE = "NANOCOMPILE_MARCH"  # builds for a lower level than the CPU's (tests run AVX2 code on AVX-512)
+
+
+def level_flags(march: str) -> list[str]:
+    """The flags an x86-64 level requires (each level includes the ones below it)."""
+    names = [name for name, _ in reversed(LEVELS)]
+    if march == "x86-64":
+        return []
+    if march not in names:
+        raise ValueError(f"unknown x86-64 level {march!r}; known: x86-64, {', '.join(names)}")
+    required = set()
+    for name, need in reversed(LEVELS):
+        required |= need
+        if name == march:
+            return sorted(required)
+    return sorted(required)
+
+
 def detect_march(flags: frozenset[str] | None = None) -> tuple[str, list[str]]:
-    """The highest level this CPU has, and the flags that level requires."""
+    """The highest level this CPU has (or NANOCOMPILE_MARCH, if set and this CPU has it), and the
+    flags that level requires."""
+    forced = os.environ.get(FORCE) if flags is None else None
     flags = cpu_flags() if flags is None else flags
     if platform.machine() not in ("x86_64", "AMD64"):
         return "native", []
@@ -35,6 +56,11 @@ def detect_march(flags: frozenset[str] | None = None) -> tuple[str, list[str]]:
         if not need <= flags:
             break
         march, required = name, required | need
+    if forced:
+        need = level_flags(forced)
+        if not set(need) <= flags:
+            raise ValueError(f"{FORCE}={forced}, but this CPU lacks {', '.join(sorted(set(need) - flags))}")
+        return forced, need
     return march, sorted(required)
 
 

@@ -155,7 +155,7 @@ def _read_json(path: Path) -> dict:
         raise ModelError(f"{path}: not valid JSON ({e})") from None
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     # GPT-2's byte-level alphabet: printable bytes map to themselves, the rest to 256+
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
@@ -168,4 +168,4 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, map(chr, cs)))
 
 
-_BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+_BYTE_DECODER = {c: b for b, c in bytes_to_unicode().items()}

@@ -1,4 +1,15 @@
-"""Shared fixtures: the real model and its oracle are loaded once per test session."""
+"""Fixtures and tiers.
+
+Tiers (markers): `model` tests need the real default model (they use a real_* fixture or say so),
+`c` tests compile C, and every other test is `fast`: `pytest -m fast` runs in under a minute
+without a C compiler or the model. Plain `pytest` runs everything.
+
+Targets: every test marked `levels` (the code generator's C tests) runs at this CPU's level and,
+on an AVX-512 machine, again at the AVX2 level (NANOCOMPILE_MARCH=x86-64-v3), so what would fail
+on an AVX2-only machine fails here too. `--levels native` runs the machine's level only.
+
+The real model and its oracle are loaded once per test session.
+"""
 from __future__ import annotations
 
 import sys
@@ -7,7 +18,59 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # oracle.py, model_files.py
+sys.path.insert(0, str(Path(__file__).parent))  # helpers.py, oracle.py
+
+from helpers import LEVELS, N_TOKENS, greedy_run, real_prompt_ids  # noqa: E402
+
+from nanocompile.target import FORCE, cpu_flags, detect_march, level_flags  # noqa: E402
+
+
+REAL_FIXTURES = {"real_model", "real_oracle", "real_session", "real_reference", "real_compiled"}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--levels", default="all", choices=["all", "native"],
+                     help="C tests at every vector level this CPU runs (all) or at its own only (native)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "fast: needs neither a C compiler nor the real model")
+    config.addinivalue_line("markers", "c: compiles C")
+    config.addinivalue_line("markers", "model: needs the real default model")
+    config.addinivalue_line("markers", "levels: run at every vector level this CPU runs (NANOCOMPILE_MARCH)")
+
+
+def _levels(config) -> list[str]:
+    """This CPU's level, then each lower vector level it can run (AVX2 on an AVX-512 machine)."""
+    native = detect_march()[0]
+    if config.getoption("--levels") == "native" or native not in LEVELS:
+        return [native]
+    lower = LEVELS[LEVELS.index(native) + 1:]
+    return [native] + [lv for lv in lower if set(level_flags(lv)) <= cpu_flags()]
+
+
+def pytest_generate_tests(metafunc):
+    names = set(metafunc.fixturenames)
+    choose_own = {"march", "lanes"} & names or REAL_FIXTURES & names  # the real model: its own level only
+    if metafunc.definition.get_closest_marker("levels") and not choose_own and "target" in names:
+        metafunc.parametrize("target", _levels(metafunc.config), indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def target(request, monkeypatch):
+    """The x86-64 level a C test builds for (NANOCOMPILE_MARCH)."""
+    level = getattr(request, "param", None)
+    if level is not None and level != detect_march()[0]:
+        monkeypatch.setenv(FORCE, level)
+    return level
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if REAL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
+        if not (item.get_closest_marker("model") or item.get_closest_marker("c")):
+            item.add_marker(pytest.mark.fast)
 
 
 @pytest.fixture(scope="session")
@@ -39,35 +102,6 @@ def real_session(real_model):
 def isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("NANOCOMPILE_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
-
-
-REAL_PROMPTS = {
-    "code": "def quicksort(arr):\n",
-    "english": "The three laws of thermodynamics are",
-    "chat": None,  # a chat-templated question, rendered with the model's template
-}
-N_TOKENS = 32
-
-
-def real_prompt_ids(model, name):
-    tok = model.tokenizer
-    if name == "chat":
-        return tok.encode(tok.render_chat([{"role": "user", "content": "Write a haiku about compilers."}]))
-    return tok.encode(REAL_PROMPTS[name])
-
-
-def greedy_run(session, ids, n):
-    """Greedy tokens and the logits before each of them, on a nanocompile session."""
-    import numpy as np
-
-    session.reset()
-    prompt_logits = session.step(ids, all_logits=True)
-    logits, tokens, steps = prompt_logits[-1], [], []
-    for _ in range(n):
-        steps.append(logits)
-        tokens.append(int(np.argmax(logits)))
-        logits = session.step([tokens[-1]])
-    return {"tokens": tokens, "step_logits": steps, "prompt_logits": prompt_logits}
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,9 @@ from nanocompile.build import cmake_build
 from nanocompile.library import CompiledSession
 from nanocompile.models import load_model
 
-from model_files import random_weights, tiny_config, write_gguf
+from helpers import random_weights, tiny_config, write_gguf
+
+pytestmark = [pytest.mark.c, pytest.mark.levels]
 
 
 @pytest.fixture(scope="module")

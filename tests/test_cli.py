@@ -2,7 +2,9 @@
 import subprocess
 import sys
 
-from model_files import random_weights, tiny_config, write_gguf
+import pytest
+
+from helpers import random_weights, tiny_config, write_gguf
 
 
 def _run(*args):
@@ -47,6 +49,7 @@ def test_bad_sampling_flags_are_refused_before_loading():
         assert r.returncode != 0 and message in r.stderr and "Traceback" not in r.stderr, (flags, r.stderr)
 
 
+@pytest.mark.c
 def test_prompt_file_and_tiny_gguf(tmp_path, isolated_cache):
     import os
     cfg = tiny_config(vocab=300)
@@ -59,6 +62,7 @@ def test_prompt_file_and_tiny_gguf(tmp_path, isolated_cache):
     assert len(r.stdout.split()) <= 5 and all(0 <= int(t) < 300 for t in r.stdout.split())
 
 
+@pytest.mark.model
 def test_same_seed_same_text_at_any_thread_count(real_model):
     """README's claim: sampled text depends on the seed alone, not on the thread count (the
     compiled logits are bitwise equal at every thread count)."""

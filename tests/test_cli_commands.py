@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from model_files import random_weights, tiny_config, write_gguf
+from helpers import random_weights, tiny_config, write_gguf
 
 NC = [sys.executable, "-m", "nanocompile"]
 
@@ -49,6 +49,7 @@ def test_bad_flags_get_a_clear_message(args, status, message):
     assert r.returncode == status and message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.c
 def test_bad_input_on_a_model(tiny, tmp_path):
     path, env = tiny
     cases = [(["-c", "1000", "-p", "hi"], "context size 1000 exceeds the model's maximum of 256"),
@@ -64,6 +65,7 @@ def test_bad_input_on_a_model(tiny, tmp_path):
     assert r.returncode == 1 and "no such file or directory" in r.stderr
 
 
+@pytest.mark.c
 def test_a_context_that_fills_stops_cleanly_and_says_so(tiny):
     path, env = tiny
     r = nc("run", "-q", "-m", path, "-c", "16", "-n", "-1", "--prompt-ids", "5 6 7 8", "--ids", "--temp", "0",
@@ -72,6 +74,7 @@ def test_a_context_that_fills_stops_cleanly_and_says_so(tiny):
     assert len(r.stdout.split()) == 16 - 4 + 1  # the last token is chosen, never fed
 
 
+@pytest.mark.model
 def test_ctrl_c_stops_generation_cleanly(real_model):
     p = subprocess.Popen([*NC, "run", "-q", "-p", "Count from 1 to 1000:", "-n", "2000", "--temp", "0"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -84,6 +87,7 @@ def test_ctrl_c_stops_generation_cleanly(real_model):
 
 # bench, compile, info ----------------------------------------------------------------------------
 
+@pytest.mark.c
 def test_bench_formats(tiny):
     path, env = tiny
     rows = json.loads(nc("bench", "-q", "-m", path, "-p", "8,16", "-n", "4", "-r", "2", "-t", "1,2", "-o", "json",
@@ -98,6 +102,7 @@ def test_bench_formats(tiny):
     assert "| pp8 |" in md[2] and " ± " in md[2]
 
 
+@pytest.mark.c
 def test_compile_then_info(tiny, tmp_path):
     path, env = tiny
     env = {**env, "NANOCOMPILE_CACHE": str(tmp_path / "fresh")}  # nothing compiled or packed yet
@@ -117,6 +122,7 @@ def test_compile_then_info(tiny, tmp_path):
 
 # run: sampling, reproducibility ------------------------------------------------------------------
 
+@pytest.mark.c
 def test_same_seed_same_text_on_a_tiny_model(tiny):
     path, env = tiny
     args = ("run", "-q", "-m", path, "-p", "hello there", "-n", "12", "--ids", "--temp", "1.5", "--top-k", "0",
@@ -127,6 +133,7 @@ def test_same_seed_same_text_on_a_tiny_model(tiny):
 
 # chat ---------------------------------------------------------------------------------------------
 
+@pytest.mark.c
 def test_chat_with_piped_input(tiny):
     path, env = tiny
     r = nc("chat", "-q", "-m", path, "--temp", "0", "-n", "4", env=env, stdin="hi\n/reset\nhello\n/nope\n/exit\nnever\n")
@@ -173,6 +180,7 @@ class Terminal:
         return os.waitstatus_to_exitcode(status)
 
 
+@pytest.mark.model
 def test_chat_on_a_terminal_answers_as_run_does_and_survives_ctrl_c(real_model):
     question = "What is the capital of France?"
     want = nc("run", "-q", "--chat", "-p", question, "-n", "10", "--temp", "0").stdout.strip()

@@ -1,14 +1,17 @@
 """C generation: deterministic, templates fed plain data, strict about what they are given."""
 import json
+import os
+import subprocess
+import sys
 
 import jinja2
 import pytest
 
 from nanocompile.codegen.render import environment, render_tree, template_data
-from nanocompile.compiler import compile_model
+from nanocompile.compiler import STAGES, compile_model
 from nanocompile.generate import write_tree
 
-from model_files import tiny_config
+from helpers import random_weights, tiny_config, write_gguf
 
 
 def test_generating_twice_gives_identical_files(tmp_path):
@@ -45,4 +48,32 @@ def test_generated_c_reads_as_written_by_hand():
     assert json.loads(files["manifest.json"])["fingerprint"]["config"]["hidden_size"] == 40
     unfused = render_tree(compile_model(tiny_config(), fuse=False))["model.c"]
     assert "static void matmul_seqx40_k40(float *restrict p0, const float *restrict p1" in unfused
-    assert "append_kv_2xseqx10(m->cache_k[0]" in unfused
+    assert "append_2xseqx10(m->cache_k[0]" in unfused
+
+
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_dump_after_each_stage(stage):
+    """--dump-after prints the graph after a graph stage and the loop IR after the others."""
+    lines = []
+    compile_model(tiny_config(), dump_after=stage, out=lines.append)
+    text = "".join(lines)
+    if stage in ("cse", "fold", "fusion"):
+        assert text.startswith("graph qwen2_logits_last(seq, past) {") and "matmul" in text
+    else:
+        assert text.startswith("program qwen2_logits_last") and "kernel " in text and "call " in text
+    if stage in ("schedule", "memory"):
+        assert "schedule: " in text
+    if stage == "memory":
+        assert "memory plan last: " in text
+
+
+def test_dump_after_on_the_command_line(tmp_path):
+    gguf = write_gguf(tmp_path / "tiny.gguf", tiny_config(), random_weights(tiny_config()), quantize=False)
+    env = {**os.environ, "NANOCOMPILE_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "nanocompile", "compile", "-q", "-m", str(gguf), "--dump-after", "link"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "program qwen2_logits_all" in r.stdout and "reduce k in 0..40:" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "nanocompile.generate", "--default-arch", "--out", str(tmp_path / "g"),
+                        "--dump-after", "fusion"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "graph qwen2_logits_none(seq, past) {" in r.stdout, r.stderr

@@ -8,7 +8,9 @@ from nanocompile.errors import ContextFullError, InputError, ModelError
 from nanocompile.library import NC_ERR_CONTEXT, NC_ERR_TOKEN, SIGNATURES, CompiledSession, check_fingerprint
 from nanocompile.compiler import compile_model
 
-from model_files import random_weights, tiny_config
+from helpers import random_weights, tiny_config
+
+pytestmark = [pytest.mark.c, pytest.mark.levels]
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,9 @@ import pytest
 from nanocompile.library import CompiledSession
 from nanocompile.session import InterpreterSession
 
-from conftest import N_TOKENS, greedy_run
-from model_files import random_weights, tiny_config
+from helpers import N_TOKENS, greedy_run, random_weights, real_prompt_ids, tiny_config
+
+pytestmark = [pytest.mark.c, pytest.mark.levels]
 
 
 @pytest.mark.parametrize("name", ["code", "english", "chat"])
@@ -67,12 +68,10 @@ def test_real_model_fused_is_bitwise_unfused(real_model, real_compiled):
     """The shipped library (fused, scheduled: vector code, packed weights, 2 threads) against the
     phase 2 library (one kernel per primitive, as lowered, one thread): the prompt, four cached
     steps and the KV cache, bit for bit. Fusion and schedules each keep every bit."""
-    from conftest import real_prompt_ids
-
     unfused = CompiledSession(real_model.config, real_model.weights, n_ctx=64, weights_key=real_model.key,
                               fuse=False, schedule=False)
-    assert real_compiled.module.fused and not unfused.module.fused
-    assert real_compiled.module.scheduled and not unfused.module.scheduled
+    assert real_compiled.module.options.fuse and not unfused.module.options.fuse
+    assert real_compiled.module.options.schedule and not unfused.module.options.schedule
     assert any(w.packed for w in real_compiled.module.weights)
     ids = real_prompt_ids(real_model, "code")
     real_compiled.reset()

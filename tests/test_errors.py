@@ -11,7 +11,7 @@ from nanocompile.errors import ContextFullError, InputError, ModelError
 from nanocompile.models import default_model, load_model
 from nanocompile.session import InterpreterSession
 
-from model_files import random_weights, tiny_config, write_gguf
+from helpers import random_weights, tiny_config, write_gguf, write_hf_dir
 
 
 @pytest.fixture()
@@ -139,7 +139,6 @@ def test_default_model_not_installed(monkeypatch):
 
 
 def test_hf_directory_errors(tmp_path):
-    from model_files import write_hf_dir
     cfg = tiny_config()
     d = write_hf_dir(tmp_path / "hf", cfg, random_weights(cfg))
     (d / "config.json").write_text('{"model_type": "llama"}')
@@ -199,6 +198,7 @@ def _cli(*args, **kw):
     (["run", "-m", "default", "-f", "/nonexistent/prompt.txt", "-q"], "/nonexistent/prompt.txt: cannot read"),
     (["run", "-m", "default", "--prompt-ids", "1 2 3 4 5", "-c", "4", "-q"], "more than the context"),
 ])
+@pytest.mark.model
 def test_cli_errors_are_one_clear_line(args, message):
     r = _cli(*args)
     assert r.returncode == 1, r.stderr

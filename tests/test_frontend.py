@@ -10,7 +10,7 @@ from nanocompile.frontend import Qwen2Config, build_qwen2, cache_names, weight_s
 from nanocompile.graph_stats import node_counts
 from nanocompile.ir import PAST, SEQ, verify
 
-from model_files import random_weights, tiny_config
+from helpers import random_weights, tiny_config
 
 QWEN05 = dict(hidden_size=896, intermediate_size=4864, num_attention_heads=14, num_key_value_heads=2,
               vocab_size=151936)

@@ -2,7 +2,7 @@
 import pytest
 
 from nanocompile.compiler import compile_model, count_calls
-from nanocompile.frontend import build_qwen2
+from nanocompile.frontend.qwen2 import qwen2_program
 from nanocompile.generate import DEFAULT_ARCH
 from nanocompile.ir.expr import SEQ, Expr
 from nanocompile.loopir import views as V
@@ -10,7 +10,7 @@ from nanocompile.loopir.ir import DTYPE_BYTES, format_program
 from nanocompile.loopir.lower import lower
 from nanocompile.loopir.work import bytes_by_buffer, bytes_per_run
 
-from model_files import tiny_config
+from helpers import tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,8 @@ def test_views_split_merge_and_refuse():
 
 
 def test_weights_are_views_never_copies():
-    prog = lower(build_qwen2(tiny_config()))
+    p = qwen2_program(tiny_config())
+    prog = lower(p.graphs["last"], p.signature)
     kinds = {c.kernel.split("_")[0] for c in prog.calls}
     # x @ W.T reads W through swapped strides: no kernel ever takes a weight as its output
     for call in prog.calls:
@@ -47,9 +48,10 @@ def test_weights_are_views_never_copies():
 
 
 def test_printer_shows_loops_and_calls():
-    text = format_program(lower(build_qwen2(tiny_config())))
-    assert "for i0 in 0..seq:" in text and "acc = (acc + (p1[" in text
-    assert "call append_kv" in text and "buffer cache_0_k: cache f32[n_ctx, 2, 10]" in text
+    p = qwen2_program(tiny_config())
+    text = format_program(lower(p.graphs["last"], p.signature))
+    assert "for i0 in 0..seq:" in text and "acc = (acc + (p1[" in text and "reduce k in 0..40:" in text
+    assert "call append_" in text and "buffer cache_0_k: state f32[n_ctx, 2, 10]" in text
 
 
 @pytest.mark.parametrize("fuse", [False, True])
@@ -113,5 +115,5 @@ def test_plan_bound_covers_every_size():
         plan = m.plans[name]
         for slot in plan.slots.values():
             b = prog.buffers[slot.buffer]
-            for seq, past in ((m.max_chunk, m.config.max_position_embeddings - m.max_chunk), (1, 255), (64, 0)):
+            for seq, past in ((m.max_chunk, m.signature.max_positions - m.max_chunk), (1, 255), (64, 0)):
                 assert b.size.evaluate({"seq": seq, "past": past}) * DTYPE_BYTES[b.dtype] <= slot.size

@@ -1,3 +1,4 @@
+import pytest
 """`pip install .` ships the default architecture's compiled library, and what is needed to
 compile any other config later."""
 from pathlib import Path
@@ -25,5 +26,6 @@ def test_wheel_carries_templates_runtime_and_cmake():
         assert (root / f).is_file(), f
 
 
+@pytest.mark.model
 def test_real_model_uses_the_shipped_library(real_model, real_compiled):
     assert real_compiled.lib.path.parent == Path(nanocompile.__file__).parent / "lib"

@@ -5,7 +5,8 @@ import pytest
 
 from nanocompile import interpreter
 from nanocompile.codegen.graph_library import GraphLibrary
-from nanocompile.compiler import compile_model, optimize
+from nanocompile.compiler import Options, compile_model, run_pipeline
+from nanocompile.frontend.qwen2 import qwen2_program
 from nanocompile.frontend import build_qwen2, cache_names
 from nanocompile.generate import DEFAULT_ARCH
 from nanocompile.ir import SEQ, GraphBuilder, verify
@@ -13,8 +14,7 @@ from nanocompile.library import CompiledSession
 from nanocompile.passes.cse import cse
 from nanocompile.passes.fold import fold_constants
 
-from model_files import random_weights, tiny_config
-from test_primitives_c import BOUNDED, ENVS, EXACT, _feeds, _graph
+from helpers import BOUNDED, ENVS, EXACT, feeds, make_graph, random_weights, tiny_config
 
 
 def _run_model_graph(g, cfg, w, ids, past_cache=None):
@@ -59,13 +59,15 @@ def test_folding_evaluates_what_constants_alone_decide():
         assert np.array_equal(got[k], want[k])
 
 
+@pytest.mark.c
+@pytest.mark.levels
 @pytest.mark.parametrize("name", sorted(EXACT) + sorted(BOUNDED))
 def test_fused_c_equals_unfused_c_on_every_primitive_test(name):
-    g = _graph(name, {**EXACT, **BOUNDED}[name])
+    g = make_graph(name, {**EXACT, **BOUNDED}[name])
     unfused, fused = GraphLibrary(g), GraphLibrary(g, fuse=True)
     rng = np.random.default_rng(7)
     for env in ENVS:
-        inputs, weights = _feeds(g, env, rng)
+        inputs, weights = feeds(g, env, rng)
         a, b = unfused.run(env, inputs, weights), fused.run(env, inputs, weights)
         for k in a:
             assert np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)), (name, k, env)
@@ -94,13 +96,16 @@ def test_thirteen_kernels_per_block():
 
 
 def test_fusion_plan_roots():
-    g, plan = optimize(build_qwen2(tiny_config()))
+    c = run_pipeline(qwen2_program(tiny_config()), Options(schedule=False))
+    g, plan = c.graphs["last"], c.fusion["last"]
     roots = [g.nodes[i].op for i in sorted(plan.materialize)]
     assert roots.count("matmul") == 2 + 1  # each layer's context product and the LM head; the rest end in epilogues
     assert "reduce_sum" not in roots and "exp" not in roots  # reductions fold into row kernels
-    assert len(plan.cache_stores) == 2 * 2            # k and v of 2 layers store straight into the cache
+    assert len(plan.state_stores) == 2 * 2            # k and v of 2 layers store straight into the cache
 
 
+@pytest.mark.c
+@pytest.mark.levels
 @pytest.mark.parametrize("cfg_args", [dict(hidden=45, heads=3, kv_heads=1, head_dim=14, ffn=97, layers=3, vocab=211,
                                            tied=True),
                                       dict(hidden=70, heads=7, kv_heads=1, head_dim=10, ffn=131, layers=2, vocab=301)])

@@ -7,7 +7,7 @@ to transformers' cache in every layer, and cached decoding equal to uncached.
 import numpy as np
 import pytest
 
-from conftest import N_TOKENS, real_prompt_ids
+from helpers import N_TOKENS, real_prompt_ids
 from oracle import cache_layer
 
 

@@ -8,78 +8,39 @@ import pytest
 from nanocompile.build import cmake_build
 from nanocompile.codegen.graph_library import GraphLibrary
 from nanocompile.compiler import compile_model
+from nanocompile.generate import write_tree
 from nanocompile.library import CompiledSession
-from nanocompile.schedule import Parallel, ScheduleError, Unroll, UnrollJam, _loops, apply
+from nanocompile.loopir.traverse import loops
+from nanocompile.pack import pack_weights
+from nanocompile.ir import SEQ
+from nanocompile.schedule import Pack, Parallel, Reorder, Split, Unroll, UnrollJam, Vectorize, apply, is_legal
 
-from model_files import random_weights, tiny_config
-from test_primitives_c import BOUNDED, ENVS, EXACT, _feeds, _graph
+from helpers import (BOUNDED, ENVS, EXACT, LEVELS, THREADS, feeds, graph_kernels, make_graph, random_weights,
+                     require_lanes, require_level, tiny_config)
 
-THREADS = (1, 2, 3, 8)
-
-
-def _kernel(name):
-    m = compile_model(tiny_config(), schedule=False)
-    return next(k for k in m.kernels.values() if k.name.startswith(name))
-
-
-def test_illegal_schedules_are_refused():
-    mm = _kernel("matmul2_exp_mul")
-    with pytest.raises(ScheduleError, match="carries the reduction 'acc'"):
-        apply(mm, (Parallel("k"),))
-    with pytest.raises(ScheduleError, match="no loop 'i7'"):
-        apply(mm, (Parallel("i7"),))
-    with pytest.raises(ScheduleError, match="nested in or around another parallel loop"):
-        apply(mm, (Parallel("i0"), Parallel("i1")))
-    rms = _kernel("rowreduce_sqrt_mul")
-    with pytest.raises(ScheduleError, match="carries the reduction"):
-        apply(rms, (Parallel("r"),))
-    with pytest.raises(ScheduleError, match="unknown schedule directive"):
-        apply(rms, ("vectorize",))
-    with pytest.raises(ScheduleError, match="is a reduction loop"):
-        apply(mm, (UnrollJam("k", 2),))
-    with pytest.raises(ScheduleError, match="72 iterations is not a multiple of 5"):
-        apply(mm, (UnrollJam("i1", 5),))
-    with pytest.raises(ScheduleError, match="exactly one reduction loop"):
-        apply(rms, (UnrollJam("i1", 2),))
-    with pytest.raises(ScheduleError, match="a symbolic number of iterations"):
-        apply(rms, (UnrollJam("i0", 2),))
-    with pytest.raises(ScheduleError, match="'r' is a reduction loop; unrolling it would reorder a sum"):
-        apply(rms, (Unroll("r", 2),))
-    with pytest.raises(ScheduleError, match="is not a multiple of 5; Split it first"):
-        apply(mm, (Unroll("i1", 5),))
-    with pytest.raises(ScheduleError, match="already parallel; Unroll comes before Parallel"):
-        apply(mm, (Parallel("i1"), Unroll("i1", 2)))
-
-
-def test_schedule_is_printed_above_the_kernel():
-    from nanocompile.codegen.render import render_tree
-    c = render_tree(compile_model(tiny_config()))["model.c"]
-    assert " *   schedule: UnrollJam(i1, 8), Parallel(i1)" in c
-    assert "nc_split(9, thread, n_threads, &i1_lo, &i1_hi);" in c
+pytestmark = pytest.mark.c
 
 
 def _every_parallel_choice(k):
     """Each legal Parallel directive of a kernel, alone and after each legal UnrollJam of the
     same loop, and no schedule at all."""
     choices = [()]
-    for var in sorted({s.var for s in _loops(k.body)}):
+    for var in sorted({s.var for s in loops(k.body)}):
         for schedule in [(Parallel(var),)] + [(UnrollJam(var, f), Parallel(var)) for f in (2, 3, 4, 8)] + \
                 [(Unroll(var, f), Parallel(var)) for f in (2, 3)] + [(Unroll(var, 2),)]:
-            try:
-                apply(k, schedule)
+            if is_legal(k, schedule):
                 choices.append(schedule)
-            except ScheduleError:
-                pass
     return choices
 
 
+@pytest.mark.levels
 @pytest.mark.parametrize("name", sorted(EXACT) + sorted(BOUNDED))
 def test_every_schedule_choice_is_bitwise_at_every_thread_count(name):
     """Shapes in the primitive tests leave tails: 6, 19, 37 and 11 columns."""
-    g = _graph(name, {**EXACT, **BOUNDED}[name])
+    g = make_graph(name, {**EXACT, **BOUNDED}[name])
     base = GraphLibrary(g, fuse=True)
     rng = np.random.default_rng(3)
-    kernels = _program_kernels(g)
+    kernels = graph_kernels(g)
     grid = [dict()]
     for kname, k in kernels.items():
         for choice in _every_parallel_choice(k)[1:]:
@@ -87,7 +48,7 @@ def test_every_schedule_choice_is_bitwise_at_every_thread_count(name):
     for assignment in grid:
         lib = GraphLibrary(g, fuse=True, schedule=lambda k, a=assignment: a.get(k.name, ()))
         for env in ENVS[::2]:
-            inputs, weights = _feeds(g, env, rng)
+            inputs, weights = feeds(g, env, rng)
             want = base.run(env, inputs, weights)
             for threads in THREADS:
                 got = lib.run(env, inputs, weights, threads=threads)
@@ -95,13 +56,7 @@ def test_every_schedule_choice_is_bitwise_at_every_thread_count(name):
                     assert np.array_equal(want[key].view(np.uint8), got[key].view(np.uint8)), (assignment, env, threads)
 
 
-def _program_kernels(g):
-    from nanocompile.compiler import optimize
-    from nanocompile.loopir.lower import lower
-    graph, plan = optimize(g)
-    return lower(graph, g.name, model=False, plan=plan).kernels
-
-
+@pytest.mark.levels
 def test_model_bitwise_at_every_thread_count_and_when_it_changes():
     cfg = tiny_config(hidden=45, heads=3, kv_heads=1, head_dim=14, ffn=97, layers=3, vocab=211, tied=True)
     w = random_weights(cfg, seed=3)
@@ -120,18 +75,10 @@ def test_model_bitwise_at_every_thread_count_and_when_it_changes():
     assert all(np.array_equal(a, b) for a, b in zip(want, got))
 
 
-def test_default_recipe_parallelizes_every_large_kernel():
-    m = compile_model(tiny_config(hidden=64, ffn=256, vocab=512))
-    for k in m.kernels.values():
-        if k.name.startswith(("matmul", "rowreduce")):
-            assert k.schedule, k.name
-
-
+@pytest.mark.levels
 def test_thread_sanitizer_build_changing_threads_between_steps(tmp_path):
     """The tiny model's library built with -fsanitize=thread; the C driver resizes the pool
     before every step. ThreadSanitizer exits non-zero on a data race."""
-    from nanocompile.generate import write_tree
-    from nanocompile.pack import pack_weights
 
     cfg = tiny_config()
     module = compile_model(cfg)
@@ -152,81 +99,14 @@ def test_thread_sanitizer_build_changing_threads_between_steps(tmp_path):
 VECTOR_CFG = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=96, layers=2, vocab=176, tied=True)
 
 
-def _vector_kernel(prefix, lanes=16):
-    m = compile_model(tiny_config(**VECTOR_CFG), schedule=False)
-    return next(k for k in m.kernels.values() if k.name.startswith(prefix))
-
-
-def test_vector_schedules_that_have_no_exact_form_are_refused():
-    from nanocompile.loopir.ir import AccInit, AccUpdate, Acc, Bin, FConst, IConst, Kernel, Load, Loop, Param, \
-        Store, Var
-    from nanocompile.schedule import Pack, Reorder, Split, Vectorize
-    mm = _vector_kernel("matmul_add_seqx64")  # q projection: [seq, 64] = x @ W^T + b
-    with pytest.raises(ScheduleError, match="'k' is a reduction loop; its lanes would carry the sum"):
-        apply(mm, (Vectorize("k", 16),))
-    with pytest.raises(ScheduleError, match="12 lanes"):
-        apply(mm, (Vectorize("i1", 12),))
-    with pytest.raises(ScheduleError, match="loop 'i0' of a symbolic number of iterations is not a multiple"):
-        apply(mm, (Vectorize("i0", 16),))
-    with pytest.raises(ScheduleError, match=r"read p2 with stride 64; Pack\(p2, ...\) makes them contiguous"):
-        apply(mm, (Vectorize("i1", 16),))
-    with pytest.raises(ScheduleError, match="only float32 weights the kernel reads are packed"):
-        apply(mm, (Vectorize("i1", 16), Pack("p0", 64, 16)))
-    with pytest.raises(ScheduleError, match="read across rows of 32"):
-        apply(mm, (Vectorize("i1", 16), Pack("p2", 32, 16)))
-    with pytest.raises(ScheduleError, match="blocks of 24 rows do not hold whole vectors"):
-        apply(mm, (Vectorize("i1", 16), Pack("p2", 64, 24)))
-    with pytest.raises(ScheduleError, match="nested in or around another vectorized loop"):
-        apply(mm, (Vectorize("i1", 16), Pack("p2", 64, 16), Split("i0", 16), Vectorize("i0i", 16)))
-    with pytest.raises(ScheduleError, match="'k' is a reduction loop; reordering it would reorder a sum"):
-        apply(mm, (Reorder("i1", "k"),))
-    with pytest.raises(ScheduleError, match="must hold only loop 'i1'"):
-        apply(_vector_kernel("rowreduce_sqrt_mul"), (Reorder("i0", "i1"),))
-    with pytest.raises(ScheduleError, match="is a reduction loop; splitting it would reorder a sum"):
-        apply(mm, (Split("k", 4),))
-    with pytest.raises(ScheduleError, match="already parallel; Split comes before Parallel"):
-        apply(mm, (Parallel("i1"), Split("i1", 4)))
-    rope = _vector_kernel("select_add")  # rotate-half: a select on the column
-    with pytest.raises(ScheduleError, match="select on a lane-dependent condition"):
-        apply(rope, (Vectorize("i2", 16),))
-    # a hand-written kernel whose output loop carries a sum: its lanes would carry it
-    carry = Kernel("carry", "sum", (Param("p0", "f32", "write"), Param("p1", "f32", "read")),
-                   (AccInit("acc", "f32", FConst(0.0)),
-                    Loop("i0", IConst(32), (AccUpdate("acc", Bin("+", Acc("acc"), Load("p1", Var("i0")))),
-                                            Store("p0", Var("i0"), Acc("acc"))))))
-    with pytest.raises(ScheduleError, match="carries 'acc' from one iteration to the next"):
-        apply(carry, (Vectorize("i0", 16),))
-    # integer arithmetic that differs between lanes: a position computed from the column
-    iota = Kernel("iota", "cast", (Param("p0", "f32", "write"),),
-                  (Loop("i0", IConst(32), (Store("p0", Var("i0"), Bin("*", Var("i0"), FConst(1.0))),)),))
-    with pytest.raises(ScheduleError, match="integer arithmetic that differs between lanes"):
-        apply(iota, (Vectorize("i0", 16),))
-
-
-def test_recipes_vectorize_pack_and_tile_the_projections():
-    from nanocompile.codegen.render import render_tree
-    from nanocompile.schedule import Pack, Vectorize
-    for march, lanes in (("x86-64-v4", 16), ("x86-64-v3", 8)):
-        m = compile_model(tiny_config(**VECTOR_CFG), march=march)
-        by_name = {k.name: k for k in m.kernels.values()}
-        projections = [k for n, k in by_name.items() if n.startswith("matmul") and any(isinstance(d, Pack)
-                                                                                    for d in k.schedule)]
-        assert len(projections) >= 5, list(by_name)
-        assert all(Vectorize("i1", lanes) in k.schedule for k in projections)
-        packed = {w.name: w.packed for w in m.weights}
-        assert packed["model.layers.0.mlp.down_proj.weight"][0] == 96
-        assert packed["model.embed_tokens.weight"], "the tied embedding is packed for the logits"
-        assert [d for d in by_name["gather_seqx64"].schedule if isinstance(d, Pack)], "the gather reads it packed"
-        assert f"nc_load{lanes}(" in render_tree(m)["model.c"]
-
-
 SEQS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 13)  # every tail of the row tiles (4) and the key splits (8)
 
 
-@pytest.mark.parametrize("march", ["x86-64-v4", "x86-64-v3"])
+@pytest.mark.parametrize("march", LEVELS)
 def test_vectorized_model_is_bitwise_at_every_thread_count(march):
     """AVX-512 (16 lanes) and AVX2 (8 lanes) builds against the unscheduled one: chunks of every
     tail length, then cached steps, at 1, 2, 3 and 8 threads."""
+    require_level(march)
     cfg = tiny_config(**VECTOR_CFG)
     w = random_weights(cfg, seed=5)
     base = CompiledSession(cfg, w, n_ctx=120, schedule=False)
@@ -249,7 +129,7 @@ def test_vectorized_model_is_bitwise_at_every_thread_count(march):
 def test_vector_recipes_on_primitives_with_guards(name, lanes):
     """The recipes on single primitives whose columns are a multiple of the lanes and whose rows
     leave tails, with guard regions around every output, at 1, 2, 3 and 8 threads."""
-    from nanocompile.ir import SEQ
+    require_lanes(lanes)
     builders = {
         "matmul": lambda b: b.matmul(b.input("x", [SEQ, 48]), b.permute(b.weight("w", [32, 48]), [1, 0])),
         "reduce_sum": lambda b: b.mul(b.input("x", [SEQ, 32]), b.broadcast(
@@ -258,14 +138,14 @@ def test_vector_recipes_on_primitives_with_guards(name, lanes):
         "add": lambda b: b.add(b.input("x", [SEQ, 32]), b.broadcast(b.reshape(b.weight("w", [32]), [1, 32]),
                                                                      [SEQ, 32])),
     }
-    g = _graph(name, builders[name])
+    g = make_graph(name, builders[name])
     base = GraphLibrary(g, fuse=True)
     lib = GraphLibrary(g, fuse=True, schedule="default", lanes=lanes)
     assert f"nc_load{lanes}(" in lib.source, "the recipe vectorized nothing"
     rng = np.random.default_rng(11)
     for seq in (1, 3, 5, 6, 7, 9):
         env = {"seq": seq, "past": 0}
-        inputs, weights = _feeds(g, env, rng)
+        inputs, weights = feeds(g, env, rng)
         want = base.run(env, inputs, weights)
         for threads in THREADS:
             got = lib.run(env, inputs, weights, threads=threads)
@@ -276,7 +156,6 @@ def test_vector_recipes_on_primitives_with_guards(name, lanes):
 def _matmul_grid(lanes):
     """Schedules for a [seq, 48] x [48, 64] matmul beyond the recipe: vector width, columns per
     tile, row tiles that leave every tail of seq 1..9, with and without moving rows inside."""
-    from nanocompile.schedule import Pack, Reorder, Split, Vectorize
     grid = []
     for columns in (1, 2, 4):
         if 64 % (lanes * columns):
@@ -293,25 +172,20 @@ def _matmul_grid(lanes):
 
 @pytest.mark.parametrize("lanes", [16, 8])
 def test_grid_of_vector_schedules_is_bitwise_with_guards(lanes):
-    from nanocompile.ir import SEQ
-    g = _graph("matmul", lambda b: b.matmul(b.input("x", [SEQ, 48]), b.permute(b.weight("w", [64, 48]), [1, 0])))
+    require_lanes(lanes)
+    g = make_graph("matmul", lambda b: b.matmul(b.input("x", [SEQ, 48]), b.permute(b.weight("w", [64, 48]), [1, 0])))
     base = GraphLibrary(g, fuse=True)
     rng = np.random.default_rng(12)
     envs = [{"seq": s, "past": 0} for s in range(1, 10)]
-    feeds = [(env, *_feeds(g, env, rng)) for env in envs]
-    wants = [base.run(env, i, w) for env, i, w in feeds]
-    kernel = next(k for k in _program_kernels(g).values() if k.name.startswith("matmul"))
-    grid = []
-    for schedule in _matmul_grid(lanes):  # the legal ones: one block of 64 columns has no i1 to split
-        try:
-            apply(kernel, schedule)
-            grid.append(schedule)
-        except ScheduleError:
-            continue
+    cases = [(env, *feeds(g, env, rng)) for env in envs]
+    wants = [base.run(env, i, w) for env, i, w in cases]
+    kernel = next(k for k in graph_kernels(g).values() if k.name.startswith("matmul"))
+    # the legal ones: one block of 64 columns has no i1 to split
+    grid = [schedule for schedule in _matmul_grid(lanes) if is_legal(kernel, schedule)]
     assert len(grid) >= 8, len(grid)
     for schedule in grid:
         lib = GraphLibrary(g, fuse=True, schedule=lambda k, s=schedule: s if k.name.startswith("matmul") else ())
-        for (env, inputs, weights), want in zip(feeds, wants):
+        for (env, inputs, weights), want in zip(cases, wants):
             for threads in THREADS:
                 got = lib.run(env, inputs, weights, threads=threads)
                 for key in want:
@@ -319,11 +193,10 @@ def test_grid_of_vector_schedules_is_bitwise_with_guards(lanes):
                         ([str(d) for d in schedule], env, threads)
 
 
-@pytest.mark.parametrize("march", ["x86-64-v4", "x86-64-v3"])
+@pytest.mark.parametrize("march", LEVELS)
 def test_vector_code_builds_without_warnings(march, tmp_path):
     """The generated tree with vector kernels, through CMake with -Wall -Wextra, for AVX-512 and
     AVX2 targets."""
-    from nanocompile.generate import write_tree
     m = compile_model(tiny_config(**VECTOR_CFG), march=march)
     write_tree(m, tmp_path / "src")
     assert "nc_load" in (tmp_path / "src" / "model.c").read_text()

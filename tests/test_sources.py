@@ -10,7 +10,7 @@ import pytest
 from nanocompile.models import load_model
 from nanocompile.session import InterpreterSession
 
-from model_files import bf16_round, random_weights, tiny_config, write_gguf, write_hf_dir
+from helpers import bf16_round, hf_config_dict, random_weights, tiny_config, write_gguf, write_hf_dir
 
 
 def test_gguf_f32_loads_exactly(tmp_path, isolated_cache):
@@ -82,7 +82,6 @@ def test_hf_directory_against_transformers(tmp_path, rope_form, shards, bf16):
 
 def test_hf_config_forms_agree(tmp_path):
     from nanocompile.frontend import Qwen2Config
-    from model_files import hf_config_dict
 
     cfg = tiny_config(theta=123456.0)
     a = Qwen2Config.from_hf_dict(hf_config_dict(cfg, "parameters"))

@@ -9,7 +9,7 @@ import pytest
 
 from nanocompile.session import InterpreterSession
 
-from model_files import random_weights, tiny_config
+from helpers import random_weights, tiny_config
 from oracle import build_oracle, cache_layer, oracle_greedy, oracle_logits
 
 CONFIGS = {

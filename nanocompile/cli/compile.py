@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..compiler import STAGES
 from .common import check_precision
 
 
@@ -20,7 +21,7 @@ def _size(n: int) -> str:
 def cmd_compile(args) -> int:
     from ..build import find_or_build
     from ..compiler import compile_model
-    from ..library import _bar, packed_weights_path
+    from ..library import progress_bar, packed_weights_path
     from ..models import load_model
     from ..pack import pack_weights
 
@@ -32,6 +33,10 @@ def cmd_compile(args) -> int:
     start = time.perf_counter()
     stage(f"loading {args.model}")
     model = load_model(args.model, progress=not args.quiet)
+    if args.dump_after:
+        stage(f"compiling, printing the IR after stage {args.dump_after}")
+        compile_model(model.config, precision=args.precision, march=args.march, dump_after=args.dump_after)
+        return 0
     stage("compiling: graph, passes, loop IR, schedules")
     module = compile_model(model.config, precision=args.precision, march=args.march)
     stage(f"building the library ({module.march}, {len(module.kernels)} kernels) with CMake, or finding it built")
@@ -41,7 +46,7 @@ def cmd_compile(args) -> int:
         stage("packed weights: already in the cache")
     else:
         stage("packing weights")
-        bar = None if args.quiet else _bar(module.weights_bytes, "packing weights")
+        bar = None if args.quiet else progress_bar(module.weights_bytes, "packing weights")
         try:
             pack_weights(module, model.weights, packed, bar.update if bar else None)
         finally:
@@ -62,5 +67,7 @@ def add_parser(sub) -> None:
     p.add_argument("-m", "--model", default="default", help="'default', a GGUF file or a Hugging Face directory")
     p.add_argument("--precision", default="f32", help="f32 (int8 is a later phase)")
     p.add_argument("--march", help="x86-64 level to compile for (default: this CPU's, e.g. x86-64-v4)")
+    p.add_argument("--dump-after", choices=list(STAGES), metavar="STAGE",
+                   help=f"print the graph or loop IR after a stage and stop ({', '.join(STAGES)})")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_compile)

@@ -9,6 +9,8 @@ from ..ir.expr import Expr
 from ..loopir.affine import build, linear
 from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, Cast, FConst, IConst, Lane, Load, Loop, Poly, Select, Store,
                          Un, Var)
+from ..loopir.traverse import statements as all_statements
+from ..loopir.traverse import walk
 
 C_TYPES = {"f32": "float", "i32": "int32_t", "bool": "uint8_t", "i64": "int64_t"}
 UNARY = {"sqrt": "sqrtf", "exp": "expf", "sin": "sinf", "cos": "cosf"}
@@ -124,17 +126,20 @@ class VectorC:
         changed = True
         while changed:  # an accumulator is a vector if any value assigned to it is
             changed = False
-            for s in _all_statements(body):
+            for s in all_statements(body):
                 if isinstance(s, (AccInit, AccUpdate)) and s.name not in self.vectors and self.is_vector(s.value):
                     self.vectors.add(s.name)
                     changed = True
 
     def is_vector(self, e) -> bool:
-        if isinstance(e, Load):
-            return linear(e.index)[0].get(Lane(), 0) != 0
-        if isinstance(e, Acc):
-            return e.name in self.vectors
-        return any(self.is_vector(getattr(e, f)) for f in ("cond", "a", "b") if hasattr(e, f))
+        """Whether e differs between lanes: it reads a lane-dependent load or vector local (a
+        load's index may use the lane without making the value differ)."""
+        for n in walk(e, descend=lambda n: not isinstance(n, Load)):
+            if isinstance(n, Load) and linear(n.index)[0].get(Lane(), 0) != 0:
+                return True
+            if isinstance(n, Acc) and n.name in self.vectors:
+                return True
+        return False
 
     def address(self, param: str, index) -> str:
         """The address of lane 0's element."""
@@ -179,10 +184,3 @@ class VectorC:
                 return f"{s.name} = nc_max_nan{self.lanes}({s.name}, {self.splat(s.value)});"
             return f"{s.name} = nc_max_nan({s.name}, {c(s.value)});"
         raise TypeError(f"not a loop-IR statement: {s!r}")
-
-
-def _all_statements(body):
-    for s in body:
-        yield s
-        if isinstance(s, Loop):
-            yield from _all_statements(s.body)

@@ -15,47 +15,38 @@ from pathlib import Path
 
 import numpy as np
 
-from ..compiler import GENERATOR
+from ..compiler import GENERATOR, Options, compile_program
 from ..interpreter import NP_DTYPES, check_feeds
 from ..ir.expr import evaluate_shape
 from ..ir.graph import Graph
-from ..loopir.lower import buffer_name, lower
-from ..loopir.plan import plan_memory
 from ..schedule.pack import pack_array
-from .cexpr import C_TYPES, float_literal
-from .render import _kernel_data, data_root, environment
+from ..signature import StepProgram, identifier, plain_signature
+from .cexpr import C_TYPES
+from .render import const_data, data_root, environment, kernel_data
 
-CFLAGS = ["-O2", "-ffp-contract=off", "-fno-fast-math", "-march=native", "-shared", "-fPIC", "-std=c11",
-          "-pthread", "-Wall", "-Wno-unused-variable", "-Wno-unused-function"]
+CFLAGS = ["-O2", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-std=c11", "-pthread", "-Wall",
+          "-Wno-unused-variable", "-Wno-unused-function"]
 ENTRY = "nc_graph_run"
+VARIANT = "run"
 
 
 def render_graph(graph: Graph, max_seq: int = 16, max_past: int = 16, fuse: bool = False,
-                 schedule=None, lanes: int | None = None) -> tuple[str, list[dict], int]:
-    """schedule: None (as lowered), "default" (the recipes, for `lanes` lanes: this CPU's widest
-    if None), or a function kernel -> directives."""
-    fusion = None
-    if fuse:
-        from ..compiler import optimize
-        graph, fusion = optimize(graph)
-    prog = lower(graph, graph.name, model=False, plan=fusion)
-    packed = {}
-    if schedule is not None:
-        from ..schedule.program import schedule_program
-        from ..target import vector_lanes
-        packed = schedule_program(prog.kernels, [prog], vector_lanes("native") if lanes is None else lanes,
-                                  None if schedule == "default" else schedule)
-    plan = plan_memory(prog, max_seq, max_past)
+                 schedule=None, lanes: int | None = None) -> tuple[str, list[dict], int, str]:
+    """(C source, external buffers, arena bytes, -march level). schedule: None (as lowered),
+    "default" (the recipes, for `lanes` lanes: the target level's if None), or a function
+    kernel -> directives."""
+    options = Options(max_chunk=max_seq, max_past=max_past, fuse=fuse, schedule=schedule is not None,
+                      lanes=lanes, choose=None if schedule in (None, "default") else schedule)
+    module = compile_program(StepProgram(plain_signature(graph), {VARIANT: graph}), options)
+    prog, plan = module.variants[VARIANT], module.plans[VARIANT]
+    packed = {w.buffer: w.packed for w in module.weights}
     external = [b for b in prog.buffers.values() if b.kind in ("input", "weight", "output")]
     external.sort(key=lambda b: ({"input": 0, "weight": 1, "output": 2}[b.kind], b.name))
     data = {
         "generator": GENERATOR, "name": graph.name, "entry": ENTRY, "max_seq": max_seq, "max_past": max_past,
         "arena_bytes": plan.arena_bytes,
-        "consts": [{"name": n, "ctype": C_TYPES["f32"] if v.dtype == np.float32 else C_TYPES["i32"],
-                    "size": int(v.size),
-                    "values": [float_literal(float(x)) if v.dtype == np.float32 else str(int(x)) for x in v.ravel()]}
-                   for n, v in sorted(prog.consts.items())],
-        "kernels": [_kernel_data(k) for k in prog.kernels.values()],
+        "consts": const_data(module.consts),
+        "kernels": [kernel_data(k) for k in module.kernels.values()],
         "arena": [{"name": s.buffer, "ctype": C_TYPES[prog.buffers[s.buffer].dtype], "offset": s.offset,
                    "note": prog.buffers[s.buffer].note} for s in sorted(plan.slots.values(), key=lambda s: s.first)],
         "external": [{"name": b.name, "kind": b.kind, "ctype": C_TYPES[b.dtype], "note": b.note,
@@ -63,21 +54,23 @@ def render_graph(graph: Graph, max_seq: int = 16, max_past: int = 16, fuse: bool
         "calls": [{"kernel": c.kernel, "args": list(c.args)} for c in prog.calls],
     }
     text = environment().get_template("graph.c.j2").render(**data)
-    return text, data["external"], plan.arena_bytes
+    return text, data["external"], plan.arena_bytes, module.march
 
 
 class GraphLibrary:
-    def __init__(self, graph: Graph, max_seq: int = 16, max_past: int = 16, cache: Path | None = None,
+    def __init__(self, graph: Graph, max_seq: int = 16, max_past: int = 16, directory: Path | None = None,
                  fuse: bool = False, schedule=None, lanes: int | None = None):
         self.graph = graph
         self.max_seq, self.max_past = max_seq, max_past
-        self.source, self.external, self.arena_bytes = render_graph(graph, max_seq, max_past, fuse, schedule, lanes)
-        self.directory = cache or Path(tempfile.gettempdir()) / f"nanocompile-graphs-{os.getuid()}"
+        self.source, self.external, self.arena_bytes, self.march = render_graph(graph, max_seq, max_past, fuse,
+                                                                                schedule, lanes)
+        self.directory = directory or Path(tempfile.gettempdir()) / f"nanocompile-graphs-{os.getuid()}"
         self.load(self.compile(self.source))
 
     def compile(self, source: str) -> Path:
-        """Compiles C source (cached by its hash) into a shared library; returns its path."""
-        digest = hashlib.sha256(source.encode()).hexdigest()[:24]
+        """Compiles C source (kept under its hash) into a shared library; returns its path."""
+        march = f"-march={self.march}" if self.march.startswith("x86-64") else "-march=native"
+        digest = hashlib.sha256(f"{march}\n{source}".encode()).hexdigest()[:24]
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"graph_{digest}.so"
         if not path.exists():
@@ -86,7 +79,7 @@ class GraphLibrary:
             tmp = path.with_suffix(f".tmp{os.getpid()}.so")
             runtime = data_root() / "runtime"
             cc = os.environ.get("CC", "cc")
-            r = subprocess.run([cc, *CFLAGS, f"-I{runtime}", str(c_file), str(runtime / "nc_runtime.c"),
+            r = subprocess.run([cc, *CFLAGS, march, f"-I{runtime}", str(c_file), str(runtime / "nc_runtime.c"),
                                 str(runtime / "nc_pool.c"), "-o", str(tmp), "-lm"], capture_output=True, text=True)
             if r.returncode != 0:
                 raise RuntimeError(f"{cc} failed on {c_file}:\n{r.stderr[-4000:]}")
@@ -106,8 +99,7 @@ class GraphLibrary:
         if env["seq"] > self.max_seq or env.get("past", 0) > self.max_past:
             raise ValueError(f"compiled for seq <= {self.max_seq}, past <= {self.max_past}")
         check_feeds(self.graph, env, inputs, weights)
-        names = {("in_" + buffer_name("", k)): v for k, v in inputs.items()}
-        names.update({("w_" + buffer_name("", k)): v for k, v in weights.items()})
+        names = self._buffers(inputs, weights)
         arena = np.zeros(self.arena_bytes + 64, np.uint8)
         keep, pointers, outputs = [arena], [arena.ctypes.data], {}
         for b in self.external:
@@ -140,8 +132,7 @@ class GraphLibrary:
     def bind(self, env, inputs, weights, threads: int = 1):
         """A function that runs the graph on these arrays (outputs into fresh buffers, no guard
         check): what a benchmark times, without the packing and checks run() does per call."""
-        names = {("in_" + buffer_name("", k)): v for k, v in inputs.items()}
-        names.update({("w_" + buffer_name("", k)): v for k, v in weights.items()})
+        names = self._buffers(inputs, weights)
         arena = np.zeros(self.arena_bytes + 64, np.uint8)
         keep = [arena]
         for b in self.external:
@@ -159,8 +150,14 @@ class GraphLibrary:
             return keep
         return call
 
+    @staticmethod
+    def _buffers(inputs, weights) -> dict:
+        names = {("in_" + identifier(k)): v for k, v in inputs.items()}
+        names.update({("w_" + identifier(k)): v for k, v in weights.items()})
+        return names
+
     def _output_name(self, buffer: str) -> str:
         for name in self.graph.outputs:
-            if "out_" + buffer_name("", name) == buffer:
+            if "out_" + identifier(name) == buffer:
                 return name
         raise KeyError(buffer)

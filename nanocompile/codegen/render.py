@@ -1,4 +1,4 @@
-"""Renders a ModelModule into a C source tree through the Jinja2 templates in templates/.
+"""Renders a compiled Module into a C source tree through the Jinja2 templates in templates/.
 
 Templates receive plain data only (dicts, lists, strings), built here, so each can be read and
 rendered alone. Output is deterministic: the same module renders to the same bytes.
@@ -11,8 +11,10 @@ from pathlib import Path
 
 import jinja2
 
-from ..compiler import ModelModule
-from ..loopir.ir import format_kernel
+from ..compiler import Module
+from ..loopir.ir import Poly, format_kernel
+from ..loopir.traverse import loops, walk
+from ..signature import identifier
 from .cexpr import C_TYPES, float_literal, statements
 
 DATA_DIRS = ("templates", "runtime", "cmake")
@@ -33,49 +35,69 @@ def environment() -> jinja2.Environment:
                               keep_trailing_newline=True)
 
 
-def _kernel_data(k) -> dict:
+def kernel_data(k) -> dict:
+    """A kernel as templates/kernel.c.j2 renders it."""
     params = []
     for p in k.params:
         const = "const " if p.access == "read" else ""
         params.append(f"{const}{C_TYPES[p.dtype]} *restrict {p.name}")
     text = format_kernel(k).replace("*/", "* /")
-    body = statements(k.body)
-    uses = json.dumps(body)
-    return {"name": k.name, "params": params, "comment": text.splitlines(), "body": body,
-            "unused": [s for s in ("seq", "past") if s not in uses], "parallel": '"parallel": true' in uses}
+    symbols = set().union(*(n.expr.symbols() for n in walk(k.body) if isinstance(n, Poly)))
+    return {"name": k.name, "params": params, "comment": text.splitlines(), "body": statements(k.body),
+            "unused": [s for s in ("seq", "past") if s not in symbols],
+            "parallel": any(lp.parallel for lp in loops(k.body))}
 
 
-def _arg(buffer, kind: str) -> str:
-    if kind == "weight":
-        return f"m->w.{buffer[2:]}"
-    if kind == "cache":
-        _, layer, kv = buffer.split("_")
-        return f"m->cache_{kv}[{layer}]"
-    return buffer
+def const_data(consts: dict) -> list[dict]:
+    out = []
+    for name, value in sorted(consts.items()):
+        is_float = value.dtype.kind == "f"
+        out.append({"name": name, "ctype": C_TYPES["f32" if is_float else "i32"], "size": int(value.size),
+                    "values": [float_literal(float(x)) if is_float else str(int(x)) for x in value.ravel()]})
+    return out
 
 
-def _variant_data(module: ModelModule, name: str) -> dict:
+class Arguments:
+    """How a call passes each buffer: a weight through the model's weights struct, a state
+    buffer as its array entry, the step's input and output by their names, the rest (arena
+    buffers, constant tables) by their own names."""
+
+    def __init__(self, module: Module):
+        sig = module.signature
+        self.names = {w.buffer: f"m->w.{w.cname}" for w in module.weights}
+        self.names.update({identifier(s.name): f"m->{s.array}[{s.index}]" for s in sig.state})
+        self.names.update({"in_" + identifier(x.name): identifier(x.name) for x in sig.inputs})
+        self.names.update({"out_" + identifier(x.name): identifier(x.name) for x in sig.outputs})
+
+    def __call__(self, buffer: str) -> str:
+        return self.names.get(buffer, buffer)
+
+
+def _variant_data(module: Module, name: str, args: Arguments) -> dict:
     prog, plan = module.variants[name], module.plans[name]
     arena = []
     for slot in sorted(plan.slots.values(), key=lambda s: (s.first, s.buffer)):
         b = prog.buffers[slot.buffer]
         arena.append({"name": b.name, "ctype": C_TYPES[b.dtype], "offset": slot.offset,
                       "note": f"{b.note}, {slot.size} bytes at most, calls {slot.first}..{slot.last}"})
-    calls = []
     kernel_ids = {name: i for i, name in enumerate(module.kernels)}
-    for call in prog.calls:
-        args = [_arg(a, prog.buffers[a].kind) for a in call.args]
-        calls.append({"kernel": call.kernel, "kernel_id": kernel_ids[call.kernel], "args": args})
+    calls = [{"kernel": c.kernel, "kernel_id": kernel_ids[c.kernel], "args": [args(a) for a in c.args]}
+             for c in prog.calls]
     return {"name": name, "arena": arena, "calls": calls, "arena_bytes": plan.arena_bytes,
-            "has_logits": "logits" in prog.buffers}
+            "has_output": any(b.kind == "output" for b in prog.buffers.values())}
 
 
-def template_data(module: ModelModule) -> dict:
-    cfg = module.config
-    consts = []
-    for name, value in sorted(module.consts.items()):
-        consts.append({"name": name, "ctype": C_TYPES["f32"], "size": int(value.size),
-                       "values": [float_literal(float(v)) for v in value.ravel()]})
+def template_data(module: Module) -> dict:
+    sig = module.signature
+    if len(sig.inputs) != 1 or sig.inputs[0].dtype != "i32" or sig.inputs[0].limit is None or len(sig.outputs) != 1:
+        raise ValueError(f"{sig.name}: the step library takes one sequence of bounded int32 ids and gives one "
+                         f"output per row")
+    (inp,), (out,) = sig.inputs, sig.outputs
+    rows = {}
+    for s in sig.state:
+        rows.setdefault(s.array, s.row)
+    states = [{"array": a, "count": n, "row": rows[a]} for a, n in sig.state_arrays()]
+    args = Arguments(module)
     return {
         "prefix": module.prefix,
         "guard": module.prefix.upper() + "H",
@@ -83,26 +105,28 @@ def template_data(module: ModelModule) -> dict:
         "fingerprint": module.fingerprint_json,
         "fingerprint_c": json.dumps(module.fingerprint_json),  # a C string literal of the JSON
         "layout_hash": module.layout_hash,
-        "config": json.loads(cfg.to_json()),
-        "n_layers": cfg.num_hidden_layers,
-        "vocab": cfg.vocab_size,
-        "kv_row": cfg.num_key_value_heads * cfg.head_dim,
-        "max_ctx": cfg.max_position_embeddings,
+        "description": list(sig.description),
+        "precision": module.precision,
+        "input": {"name": inp.name, "cname": identifier(inp.name), "limit": inp.limit, "item": inp.item,
+                  "limit_name": inp.limit_name},
+        "output": {"name": out.name, "cname": identifier(out.name), "row": out.row},
+        "states": states,
+        "max_ctx": sig.max_positions,
         "max_chunk": module.max_chunk,
         "march": module.march,
         "isa": module.isa,
         "weights_bytes": module.weights_bytes,
         "workspace_bytes": module.arena_bytes,
-        "weights": [{"buffer": w.buffer[2:], "name": w.name, "offset": w.offset,
+        "weights": [{"buffer": w.cname, "name": w.name, "offset": w.offset,
                      "note": f"f32{list(w.shape)}"} for w in module.weights],
-        "consts": consts,
-        "kernels": [_kernel_data(k) for k in module.kernels.values()],
-        "variants": [_variant_data(module, v) for v in ("last", "all", "none")],
+        "consts": const_data(module.consts),
+        "kernels": [kernel_data(k) for k in module.kernels.values()],
+        "variants": [_variant_data(module, v, args) for v in module.variants],
         "libname": f"nc_{module.prefix.rstrip('_')}",
     }
 
 
-def render_tree(module: ModelModule) -> dict[str, str]:
+def render_tree(module: Module) -> dict[str, str]:
     """File name -> text, for every generated file."""
     env = environment()
     data = template_data(module)
@@ -123,7 +147,7 @@ def render_tree(module: ModelModule) -> dict[str, str]:
 
 def source_hash(files: dict[str, str]) -> str:
     """Identifies what a library is built from: the generated files and the runtime and CMake
-    module they are built with. A cached or shipped library is used only if this matches."""
+    module they are built with. A stored or shipped library is used only if this matches."""
     digest = hashlib.sha256()
     for name in sorted(files):
         digest.update(name.encode() + b"\0" + files[name].encode() + b"\0")

@@ -7,13 +7,18 @@ caches cache.i.k, cache.i.v f32[kv_heads, past+seq, head_dim]. An uncached pass 
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+
+import numpy as np
+
 from ..ir.expr import Expr
 from ..ir.graph import Graph, GraphBuilder
+from ..signature import VARIANTS, Signature, State, StepInput, StepOutput, StepProgram, WeightSpec, identifier
 from . import nn
-from .config import Qwen2Config
+from .config import Qwen2Config, weight_shapes
 
-
-LOGITS = ("last", "all", "none")
+LOGITS = VARIANTS
 
 
 def build_qwen2(cfg: Qwen2Config, logits: str = "last") -> Graph:
@@ -76,3 +81,38 @@ def build_qwen2(cfg: Qwen2Config, logits: str = "last") -> Graph:
 
 def cache_names(cfg: Qwen2Config) -> list[str]:
     return [f"cache.{i}.{kv}" for i in range(cfg.num_hidden_layers) for kv in ("k", "v")]
+
+
+def weight_cname(name: str) -> str:
+    """model.layers.3.self_attn.q_proj.weight -> layers_3_q_proj_weight."""
+    return identifier(name.removeprefix("model.").replace("self_attn.", "").replace("mlp.", ""))
+
+
+def qwen2_signature(cfg: Qwen2Config) -> Signature:
+    """Token ids in, each layer's K and V cache updated in place, logits out."""
+    kv_row = cfg.num_key_value_heads * cfg.head_dim
+    state = tuple(State(f"cache.{i}.{kv}", f"cache_{kv}", i, kv_row)
+                  for i in range(cfg.num_hidden_layers) for kv in ("k", "v"))
+    weights = tuple(WeightSpec(name, tuple(shape), weight_cname(name)) for name, shape in weight_shapes(cfg).items())
+    description = (
+        f"Qwen2: {cfg.num_hidden_layers} layers, width {cfg.hidden_size}, {cfg.num_attention_heads} query heads, "
+        f"{cfg.num_key_value_heads} key/value heads of {cfg.head_dim},",
+        f"FFN {cfg.intermediate_size}, vocabulary {cfg.vocab_size}, "
+        f"{'tied' if cfg.tie_word_embeddings else 'untied'} embeddings.",
+    )
+    return Signature("qwen2", inputs=(StepInput("tokens", "i32", cfg.vocab_size, "token id", "the vocabulary"),),
+                     state=state, outputs=(StepOutput("logits", cfg.vocab_size),), weights=weights,
+                     max_positions=cfg.max_position_embeddings, description=description,
+                     config=json.loads(cfg.to_json()))
+
+
+def canonical(cfg: Qwen2Config) -> Qwen2Config:
+    """The generated code uses epsilon and theta as float32, so configs that differ only below
+    float32's precision (1e-6 in config.json, its float32 in a GGUF) are one program."""
+    return dataclasses.replace(cfg, rms_norm_eps=float(np.float32(cfg.rms_norm_eps)),
+                               rope_theta=float(np.float32(cfg.rope_theta)))
+
+
+def qwen2_program(cfg: Qwen2Config) -> StepProgram:
+    cfg = canonical(cfg)
+    return StepProgram(qwen2_signature(cfg), {v: build_qwen2(cfg, logits=v) for v in VARIANTS})

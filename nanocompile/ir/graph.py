@@ -80,6 +80,14 @@ class GraphBuilder:
         self.graph.nodes.append(node)
         return node.id
 
+    def add_node(self, op: str, args: tuple[int, ...], scope: str = "", **attrs) -> int:
+        """A node of any primitive, in the given scope: what a pass that rebuilds a graph uses."""
+        saved, self._scope = self._scope, [scope] if scope else []
+        try:
+            return self._add(op, args, **attrs)
+        finally:
+            self._scope = saved
+
     def shape(self, x: int) -> tuple[Expr, ...]:
         return self.graph.nodes[x].shape
 

@@ -1,7 +1,7 @@
 """Index expressions as linear forms: sum(coefficient * atom) + constant.
 
 An atom is a loop variable, a lane, or any subexpression that is not linear in them (a loaded
-token id, seq / 4, i0 * past): schedules read strides from this form (is a load contiguous
+id, seq / 4, i0 * past): schedules read strides from this form (is a load contiguous
 across lanes? which part of a weight index is the row?) and build indices back from it.
 """
 from __future__ import annotations
@@ -37,16 +37,3 @@ def build(terms: dict, const: int = 0):
     if out is None:
         return IConst(const)
     return Bin("+", out, IConst(const)) if const else out
-
-
-def coefficient(e, atom) -> int:
-    return linear(e)[0].get(atom, 0)
-
-
-def substitute(e, atom, replacement):
-    """e with every occurrence of atom replaced (atoms are compared by value)."""
-    if e == atom:
-        return replacement
-    if isinstance(e, Bin):
-        return Bin(e.op, substitute(e.a, atom, replacement), substitute(e.b, atom, replacement))
-    return e

@@ -3,111 +3,181 @@
 A kernel reads and writes its parameters p0, p1, ... (buffers bound at each call), so the 24
 layers of a model call one kernel with different buffers. Expressions are small trees; an
 index is an int64 expression whose coefficients may be polynomials in seq and past (Poly).
+
+Every node follows one protocol: children() lists its child nodes in a fixed order and
+with_children() rebuilds it from new ones. traverse.py holds every walk and rewrite over it, so
+a pass or a schedule directive never spells out the tree's shape itself.
+
+A loop is typed: its role says what its iterations are (OUTPUT: each writes its own elements, so
+they may be split, swapped, unrolled or shared out; REDUCTION: they carry an accumulator, in
+order), and parallel, lanes and unrolled say how it runs. Lowering sets the role; the schedule
+directives set how it runs.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ..ir.expr import Expr
+
+OUTPUT = "output"
+REDUCTION = "reduction"
+
+
+class Node:
+    """A loop-IR node. CHILDREN names the fields that hold child nodes, in order; a field named
+    in BODIES holds a tuple of statements instead of one node."""
+
+    CHILDREN: ClassVar[tuple[str, ...]] = ()
+    BODIES: ClassVar[tuple[str, ...]] = ()
+
+    def children(self) -> tuple:
+        out = []
+        for name in self.CHILDREN:
+            value = getattr(self, name)
+            if name in self.BODIES:
+                out.extend(value)
+            else:
+                out.append(value)
+        return tuple(out)
+
+    def with_children(self, children) -> "Node":
+        children, old = tuple(children), self.children()
+        if len(children) == len(old) and all(a is b for a, b in zip(children, old)):
+            return self
+        changes, at = {}, 0
+        for name in self.CHILDREN:
+            if name in self.BODIES:
+                size = len(getattr(self, name))
+                if name == self.CHILDREN[-1]:
+                    size = len(children) - at  # the last body takes what is left: it may grow
+                changes[name] = children[at:at + size]
+                at += size
+            else:
+                changes[name] = children[at]
+                at += 1
+        return dataclasses.replace(self, **changes)
 
 
 # expressions -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Var:
+class Var(Node):
     """A loop variable (int64)."""
     name: str
 
 
 @dataclass(frozen=True)
-class Lane:
+class Lane(Node):
     """The lane of a vectorized loop (0..lanes-1): an int64 that differs between lanes."""
 
 
 @dataclass(frozen=True)
-class Poly:
+class Poly(Node):
     """A polynomial in seq and past, as an int64 value."""
     expr: Expr
 
 
 @dataclass(frozen=True)
-class IConst:
+class IConst(Node):
     value: int
 
 
 @dataclass(frozen=True)
-class FConst:
+class FConst(Node):
     value: float  # an exact float32 value
 
 
 @dataclass(frozen=True)
-class Bin:
-    op: str  # + - * / % (index arithmetic or values), <= (compare)
-    a: object
-    b: object
+class Bin(Node):
+    op: str  # + - * / % (index arithmetic or values), <= < (compare)
+    a: Node
+    b: Node
+    CHILDREN: ClassVar = ("a", "b")
 
 
 @dataclass(frozen=True)
-class Un:
+class Un(Node):
     op: str  # neg sqrt reciprocal exp sin cos
-    a: object
+    a: Node
+    CHILDREN: ClassVar = ("a",)
 
 
 @dataclass(frozen=True)
-class Select:
-    cond: object
-    a: object
-    b: object
+class Select(Node):
+    cond: Node
+    a: Node
+    b: Node
+    CHILDREN: ClassVar = ("cond", "a", "b")
 
 
 @dataclass(frozen=True)
-class Cast:
+class Cast(Node):
     dtype: str
-    a: object
+    a: Node
+    CHILDREN: ClassVar = ("a",)
 
 
 @dataclass(frozen=True)
-class Load:
+class Load(Node):
     param: str  # p0, p1, ...
-    index: object
+    index: Node
+    CHILDREN: ClassVar = ("index",)
 
 
 @dataclass(frozen=True)
-class Acc:
+class Acc(Node):
+    """The value of a local: an accumulator, or a value computed once and reused."""
     name: str
 
 
 # statements ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Loop:
+class Loop(Node):
     var: str
-    extent: object  # int64 expression
+    extent: Node  # int64 expression
     body: tuple
+    role: str = OUTPUT      # OUTPUT or REDUCTION
     parallel: bool = False  # iterations split across the threads of the pool
-    lanes: int = 0  # >0: the body runs on `lanes` lanes at once, Lane() telling them apart
+    lanes: int = 0          # >0: the body runs on `lanes` lanes at once, Lane() telling them apart
+    unrolled: int = 1       # copies of the lowered body each iteration runs (Unroll, UnrollJam)
+    CHILDREN: ClassVar = ("extent", "body")
+    BODIES: ClassVar = ("body",)
+
+    @property
+    def is_output(self) -> bool:
+        return self.role == OUTPUT
 
 
 @dataclass(frozen=True)
-class Store:
+class Store(Node):
     param: str
-    index: object
-    value: object
+    index: Node
+    value: Node
+    CHILDREN: ClassVar = ("index", "value")
 
 
 @dataclass(frozen=True)
-class AccInit:
+class AccInit(Node):
+    """Declares a local and gives it its first value."""
     name: str
     dtype: str
-    value: object
+    value: Node
+    CHILDREN: ClassVar = ("value",)
 
 
 @dataclass(frozen=True)
-class AccUpdate:
+class AccUpdate(Node):
     """name = value, where value reads Acc(name): a reduction step, in loop order."""
     name: str
-    value: object
+    value: Node
     kind: str = "sum"  # "sum" or "max" (max propagates NaN)
+    CHILDREN: ClassVar = ("value",)
+
+
+STATEMENTS = (Loop, Store, AccInit, AccUpdate)
 
 
 @dataclass(frozen=True)
@@ -120,13 +190,13 @@ class Param:
 @dataclass
 class Kernel:
     name: str
-    op: str
+    op: str                  # the graph primitive of its root
     params: tuple[Param, ...]
     body: tuple
-    # the output's logical shape, for the name and the comment
-    shape_note: str = ""
-    schedule: tuple = ()  # the directives applied to it, printed above it
-    lowered: tuple = ()   # the body before the schedule: what it computes, the same work
+    shape_note: str = ""     # the output's logical shape, for the name and the comment
+    schedule: tuple = ()     # the directives applied to it, printed above it
+    lowered: tuple = ()      # the body before the schedule: what it computes, the same work
+    computes: tuple = ()     # the graph primitives whose values it computes, in order: its name
 
     def key(self) -> tuple:
         """Two kernels with equal keys compute the same thing: one C function serves both."""
@@ -138,7 +208,7 @@ class Buffer:
     name: str
     dtype: str
     size: Expr      # elements
-    kind: str       # weight | const | input | cache | arena | output
+    kind: str       # weight | const | input | state | arena | output
     note: str = ""  # logical shape, e.g. "f32[seq, 896]"
 
 
@@ -151,7 +221,7 @@ class Call:
 
 @dataclass
 class Program:
-    """One forward variant of a model: the kernels it calls, in order, and its buffers."""
+    """One forward variant: the kernels it calls, in order, and its buffers."""
     name: str
     buffers: dict[str, Buffer] = field(default_factory=dict)
     kernels: dict[str, Kernel] = field(default_factory=dict)
@@ -191,13 +261,20 @@ def format_expr(e) -> str:
     raise TypeError(f"not a loop-IR expression: {e!r}")
 
 
+def loop_header(s: Loop) -> str:
+    """How a loop runs, as the printer and the C comment show it: 'parallel vector(16) for'."""
+    kind = ("parallel " if s.parallel else "") + (f"vector({s.lanes}) " if s.lanes else "")
+    kind += "reduce" if s.role == REDUCTION else "for"
+    unrolled = f" x{s.unrolled}" if s.unrolled > 1 else ""
+    return f"{kind} {s.var} in 0..{format_expr(s.extent)}{unrolled}:"
+
+
 def format_stmts(body, indent: int = 0) -> list[str]:
     pad = "  " * indent
     lines = []
     for s in body:
         if isinstance(s, Loop):
-            kind = ("parallel " if s.parallel else "") + (f"vector({s.lanes}) " if s.lanes else "") + "for"
-            lines.append(f"{pad}{kind} {s.var} in 0..{format_expr(s.extent)}:")
+            lines.append(pad + loop_header(s))
             lines.extend(format_stmts(s.body, indent + 1))
         elif isinstance(s, Store):
             lines.append(f"{pad}{s.param}[{format_expr(s.index)}] = {format_expr(s.value)}")

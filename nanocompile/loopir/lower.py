@@ -1,43 +1,37 @@
 """Lowering: graph IR -> loop IR, one kernel per compute primitive.
 
-Movement primitives become views (views.py); sources become buffers (weights, inputs, the KV
-cache, constant tables) or values computed from the index (iota, dim, scalar constants).
-Every other node becomes one kernel writing one buffer, except the append to the KV cache,
-which writes the new rows into the library-owned cache in place.
+Movement primitives become views (views.py); sources become buffers (weights, inputs, state,
+constant tables) or values computed from the index (iota, dim, scalar constants). Every other
+node becomes one kernel writing one buffer (a graph output's own buffer when it is one), except
+the append to a state buffer, which writes the new rows into the library-owned state in place.
 
-The KV cache of a layer is stored token-major, [n_ctx, kv_heads, head_dim], so its strides do
-not depend on n_ctx: the graph's cache input [kv_heads, past, head_dim] is a view of it.
+What is an input, a state buffer or an output comes from the signature, never from a name. A
+state buffer is stored position-major, [n_ctx, a, b], so its strides do not depend on n_ctx: the
+graph's state input [a, past, b] is a view of it.
+
+Lowering does not deduplicate: two calls that compute the same thing get two equal kernels, and
+the link stage (compiler.py) gives them one C function.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from ..ir.expr import Expr, product
 from ..ir.graph import Graph, Node
 from ..ir.ops import MOVEMENT
+from ..signature import Signature, identifier, weight_buffer
 from . import views as V
-from .ir import (Acc, AccInit, AccUpdate, Bin, Call, Cast, FConst, IConst, Kernel, Load, Loop, Param, Poly,
-                 Program, Select, Store, Un, Buffer, Var)
+from .ir import (OUTPUT, REDUCTION, Acc, AccInit, AccUpdate, Bin, Buffer, Call, Cast, FConst, IConst, Kernel,
+                 Load, Loop, Param, Poly, Program, Select, Store, Un, Var)
+from .naming import kernel_name, slug
+from .traverse import free_vars
 
 UNARY = {"neg", "sqrt", "reciprocal", "exp", "sin", "cos"}
 BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "less_equal": "<="}
-CACHE_INPUT = re.compile(r"cache\.(\d+)\.([kv])")
 
 
 class LoweringError(ValueError):
     pass
-
-
-def buffer_name(kind: str, name: str) -> str:
-    """A C identifier for a graph-level name: model.layers.3.self_attn.q_proj.weight -> layers_3_q_proj_weight."""
-    name = name.removeprefix("model.").replace("self_attn.", "").replace("mlp.", "")
-    return re.sub(r"[^0-9a-zA-Z]+", "_", name).strip("_")
-
-
-def slug(e: Expr) -> str:
-    text = str(e)
-    return text.replace(" + ", "p").replace(" - ", "m").replace("*", "")
 
 
 def _const_or_poly(e: Expr):
@@ -116,16 +110,6 @@ class Mapped:
     attrs: tuple = ()
 
 
-def _vars_of(e) -> set[str]:
-    if isinstance(e, Var):
-        return {e.name}
-    out = set()
-    for f in ("a", "b", "cond", "index"):
-        if hasattr(e, f):
-            out |= _vars_of(getattr(e, f))
-    return out
-
-
 def _unravel(idx, shape, src_shape) -> list:
     """The source index of a reshape, group by group: axes that only gain or lose size-1 axes map
     one to one, and a split or merge divides within its own group, not over the whole flat index."""
@@ -135,7 +119,7 @@ def _unravel(idx, shape, src_shape) -> list:
     i = j = 0
     old_sizes = [src_shape[a] for a in old_axes]
     while i < len(old_axes) and j < len(new):
-        match = V._matching_group([(d, None) for d in old_sizes], i, [d for _, d in new], j)
+        match = V.matching_group([(d, None) for d in old_sizes], i, [d for _, d in new], j)
         if match is None:
             raise LoweringError(f"reshape {list(src_shape)} -> {list(shape)} has no axis grouping")
         i2, j2 = match
@@ -156,13 +140,13 @@ class Level:
     in it before its inner loop. A reduction's loop is a Level too, open while later reductions
     over the same extent may still join it."""
 
-    def __init__(self, var: str | None, extent=None):
-        self.var, self.extent, self.stmts = var, extent, []
+    def __init__(self, var: str | None, extent=None, role: str = OUTPUT):
+        self.var, self.extent, self.role, self.stmts = var, extent, role, []
         self.reduces: set[int] = set()  # graph nodes this reduction loop accumulates
 
 
 def _freeze(stmts) -> list:
-    return [Loop(s.var, s.extent, tuple(_freeze(s.stmts))) if isinstance(s, Level) else s for s in stmts]
+    return [Loop(s.var, s.extent, tuple(_freeze(s.stmts)), s.role) if isinstance(s, Level) else s for s in stmts]
 
 
 class KernelBody:
@@ -183,6 +167,7 @@ class KernelBody:
         self.stack = list(self.levels)
         self.memo: dict = {}
         self.counter = {"k": 0, "r": 0, "acc": 0, "v": 0}
+        self.computes: list[str] = []  # the primitives computed, in order: what names the kernel
 
     def fresh(self, kind: str) -> str:
         n = self.counter[kind]
@@ -192,7 +177,7 @@ class KernelBody:
     def _level_for(self, exprs) -> int:
         used = set()
         for e in exprs:
-            used |= _vars_of(e)
+            used |= free_vars(e)
         depth = 0
         for d, lvl in enumerate(self.stack):
             if lvl.var in used:
@@ -204,7 +189,7 @@ class KernelBody:
         body = _freeze(self.levels[-1].stmts)
         for k in range(len(self.levels) - 1, 0, -1):
             lvl = self.levels[k]
-            body = _freeze(self.levels[k - 1].stmts) + [Loop(lvl.var, lvl.extent, tuple(body))]
+            body = _freeze(self.levels[k - 1].stmts) + [Loop(lvl.var, lvl.extent, tuple(body), lvl.role)]
         return tuple(body)
 
     # values ----------------------------------------------------------------------------------------
@@ -270,7 +255,7 @@ class KernelBody:
         init = AccInit(acc, "f32", FConst(0.0) if kind == "sum" else FConst(float("-inf")))
         shared = next((s for s in owner.stmts if isinstance(s, Level) and s.extent == extent_
                        and not (s.reduces & self.low.ancestors(node))), None)
-        inner = shared or Level(self.fresh(var_kind), extent_)
+        inner = shared or Level(self.fresh(var_kind), extent_, REDUCTION)
         self.stack = saved[:depth + 1] + [inner]
         try:
             term = body_fn(Var(inner.var))
@@ -288,6 +273,7 @@ class KernelBody:
     # what a node computes ------------------------------------------------------------------------
     def compute(self, n: Node, idx: list) -> object:
         low = self.low
+        self.computes.append(n.op)
         args = [low.values[a] for a in n.args]
         dts = [low.g.nodes[a].dtype for a in n.args]
         if n.op in BINARY:
@@ -344,24 +330,28 @@ class KernelBody:
 
 
 class Lowering:
-    """model=True: a Qwen2 graph (tokens, KV caches appended in place, logits). model=False: any
-    graph, each input a caller's buffer and each output copied into a caller's buffer.
-    plan=None: one kernel per compute primitive. A FusionPlan: kernels only for its roots."""
+    """Lowers one graph under its signature. plan=None: one kernel per compute primitive. A
+    FusionPlan: kernels only for its roots, everything else computed where it is used."""
 
-    def __init__(self, graph: Graph, name: str, model: bool = True, plan=None):
+    def __init__(self, graph: Graph, signature: Signature, plan=None):
         self.g = graph
-        self.model = model
+        self.sig = signature
         self.plan = plan
-        self.prog = Program(name)
+        self.prog = Program(graph.name)
         self.values: dict[int, object] = {}
         self.used = self._used_nodes()
-        self.cache_outputs = {v: k for k, v in graph.outputs.items() if CACHE_INPUT.fullmatch(k)} if model else {}
-        self.logits_node = graph.outputs.get("logits") if model else None
-        self.stored_in_cache: set[int] = set()  # concat nodes whose new rows a root already stored
-        if model:
-            for name in graph.outputs:
-                if name != "logits" and not CACHE_INPUT.fullmatch(name):
-                    raise LoweringError(f"graph output {name!r} is neither logits nor a KV cache")
+        self.state_outputs: dict[int, str] = {}   # concat node -> the state it appends to
+        self.outputs: dict[int, list[str]] = {}   # node -> the other outputs it is
+        for name, i in graph.outputs.items():
+            if signature.state_named(name):
+                self.state_outputs[i] = name
+            else:
+                self.outputs.setdefault(i, []).append(name)
+        self.written_outputs: set[str] = set()   # outputs a root kernel stored into directly
+        self.stored_in_state: set[int] = set()   # concat nodes whose new rows a root already stored
+        for name, node in graph.inputs().items():
+            if signature.state_named(name) is None and not any(x.name == name for x in signature.inputs):
+                raise LoweringError(f"graph input {name!r} is neither a step input nor state in the signature")
 
     def ancestors(self, node: int) -> set[int]:
         """Every node the value of node depends on (memoized)."""
@@ -389,48 +379,45 @@ class Lowering:
         return name
 
     def out_buffer(self, n: Node) -> V.View:
+        """Where a root kernel stores: the graph output it is, else an arena buffer."""
         note = f"{n.dtype}[{', '.join(str(d) for d in n.shape)}]"
-        if n.id == self.logits_node:
-            name = self.buffer("logits", n.dtype, product(n.shape), "output", note)
+        name = next((o for o in self.outputs.get(n.id, ()) if o not in self.written_outputs), None)
+        if name is not None:
+            self.written_outputs.add(name)
+            buffer = self.buffer("out_" + identifier(name), n.dtype, product(n.shape), "output", note)
         else:
-            name = self.buffer(f"t{n.id}", n.dtype, product(n.shape), "arena", note)
-        return V.contiguous(name, n.shape)
+            buffer = self.buffer(f"t{n.id}", n.dtype, product(n.shape), "arena", note)
+        return V.contiguous(buffer, n.shape)
 
-    def cache_view(self, node: Node) -> V.View:
-        """The view of a cache input [kv_heads, past, head_dim] over its token-major buffer."""
-        m = CACHE_INPUT.fullmatch(node.attrs["name"])
-        kvh, _, d = node.shape
-        name = self.buffer(f"cache_{m.group(1)}_{m.group(2)}", "f32", Expr.sym("past") * kvh * d, "cache",
-                           f"f32[n_ctx, {kvh}, {d}]")
-        return V.View(name, node.shape, (d, kvh * d, Expr.of(1)))
+    def state_view(self, node: Node) -> V.View:
+        """The view of a state input [a, past, b] over its position-major buffer [n_ctx, a, b]."""
+        a, _, b = node.shape
+        name = self.buffer(identifier(node.attrs["name"]), node.dtype, Expr.sym("past") * a * b, "state",
+                           f"{node.dtype}[n_ctx, {a}, {b}]")
+        return V.View(name, node.shape, (b, a * b, Expr.of(1)))
 
-    def emit(self, kb: KernelBuilder, body: tuple, n: Node, name: str) -> None:
-        kernel = Kernel(name, kb.op, tuple(kb.params), body, f"{n.dtype}[{', '.join(str(d) for d in n.shape)}]")
-        existing = next((k for k in self.prog.kernels.values() if k.key() == kernel.key()), None)
-        if existing is None:
-            base, suffix = name, 2
-            while name in self.prog.kernels:
-                name, suffix = f"{base}_v{suffix}", suffix + 1
-            kernel.name = name
-            self.prog.kernels[name] = kernel
-        else:
-            name = existing.name
-        self.prog.calls.append(Call(name, tuple(kb.args), n.id))
+    def emit(self, kb: KernelBuilder, body: tuple, n: Node, name: str, computes=()) -> None:
+        kernel = Kernel(name, kb.op, tuple(kb.params), body, f"{n.dtype}[{', '.join(str(d) for d in n.shape)}]",
+                        computes=tuple(computes))
+        key = f"{name}@{len(self.prog.kernels)}"  # one per call; the link stage merges equal ones
+        self.prog.kernels[key] = kernel
+        self.prog.calls.append(Call(key, tuple(kb.args), n.id))
 
     # ---------------------------------------------------------------------------------------------
     def run(self) -> Program:
         for n in self.g.nodes:
             if n.id in self.used:
                 self.values[n.id] = self.node(n)
-        if not self.model:
-            for name, i in self.g.outputs.items():
+        for name, i in self.g.outputs.items():
+            if i not in self.state_outputs and name not in self.written_outputs:
                 self.output_copy(name, self.g.nodes[i])
         return self.prog
 
     def output_copy(self, name: str, n: Node) -> None:
-        """Copies an output's value (a view, possibly of a source) into the caller's buffer."""
+        """Copies an output that no kernel stored (a view of a source, or a second name for a
+        value) into its own buffer."""
         note = f"{n.dtype}[{', '.join(str(d) for d in n.shape)}]"
-        out = V.contiguous(self.buffer("out_" + buffer_name("", name), n.dtype, product(n.shape), "output", note),
+        out = V.contiguous(self.buffer("out_" + identifier(name), n.dtype, product(n.shape), "output", note),
                            n.shape)
         kb = KernelBuilder("output")
         p_out = kb.param(out.base, n.dtype, "write")
@@ -445,19 +432,16 @@ class Lowering:
     def node(self, n: Node):
         op, a = n.op, n.attrs
         src = [self.values[i] for i in n.args]
-        if op == "input" and not self.model:
-            note = f"{n.dtype}[{', '.join(str(d) for d in n.shape)}]"
-            name = self.buffer("in_" + buffer_name("", a["name"]), n.dtype, product(n.shape), "input", note)
-            return V.contiguous(name, n.shape)
         if op == "input":
-            if CACHE_INPUT.fullmatch(a["name"]):
-                return self.cache_view(n)
-            if a["name"] != "tokens":
-                raise LoweringError(f"unknown graph input {a['name']!r}")
-            return V.contiguous(self.buffer("tokens", "i32", n.shape[0], "input", "i32[seq]"), n.shape)
+            if self.sig.state_named(a["name"]):
+                return self.state_view(n)
+            note = f"{n.dtype}[{', '.join(str(d) for d in n.shape)}]"
+            name = self.buffer("in_" + identifier(a["name"]), n.dtype, product(n.shape), "input", note)
+            return V.contiguous(name, n.shape)
         if op == "weight":
-            name = "w_" + buffer_name("weight", a["name"])
-            note = f"f32[{', '.join(str(d) for d in n.shape)}]"
+            spec = self.sig.weight_named(a["name"])
+            name = weight_buffer(spec.cname if spec else identifier(a["name"]))
+            note = f"{n.dtype}[{', '.join(str(d) for d in n.shape)}]"
             return V.contiguous(self.buffer(name, n.dtype, product(n.shape), "weight", note), n.shape)
         if op == "const":
             value = a["value"]
@@ -472,11 +456,11 @@ class Lowering:
             return V.View(V.Virtual("dim", a["expr"], "i32"), (), ())
         if op in MOVEMENT and op != "concat":
             return self.movement(n, src[0])
-        if op == "concat" and n.id in self.cache_outputs:
-            if n.id in self.stored_in_cache:
-                cache = src[0]
-                return V.View(cache.base, n.shape, cache.strides)
-            return self.append_kv(n, src)
+        if op == "concat" and n.id in self.state_outputs:
+            if n.id in self.stored_in_state:
+                state = src[0]
+                return V.View(state.base, n.shape, state.strides)
+            return self.append_state(n, src)
         if self.is_root(n):
             return self.kernel(n)
         return Inline(n.id, n.shape)
@@ -499,13 +483,13 @@ class Lowering:
                  "slice": lambda: (a["axis"], a["start"]), "reshape": lambda: ()}[n.op]()
         return Mapped(src, n.shape, n.op, attrs)
 
-    def _cache_destination(self, n: Node) -> V.View | None:
-        """Where a root that feeds a KV cache stores: the cache's new rows, seen through the
+    def _state_destination(self, n: Node) -> V.View | None:
+        """Where a root that feeds a state buffer stores: the state's new rows, seen through the
         inverse of the movement ops between the root and the concat; None if no view does it."""
-        concat_id, chain = self.plan.cache_stores[n.id]
+        concat_id, chain = self.plan.state_stores[n.id]
         concat = self.g.nodes[concat_id]
-        cache = self.cache_view(self.g.nodes[concat.args[0]])
-        total = V.View(cache.base, concat.shape, cache.strides)
+        state = self.state_view(self.g.nodes[concat.args[0]])
+        total = V.View(state.base, concat.shape, state.strides)
         dest = V.slice_(total, 1, Expr.sym("past"), concat.shape[1])
         for m in reversed(chain):
             if m.op == "permute":
@@ -523,10 +507,10 @@ class Lowering:
 
     def kernel(self, n: Node) -> V.View:
         out = None
-        if self.plan is not None and n.id in self.plan.cache_stores:
-            out = self._cache_destination(n)
+        if self.plan is not None and n.id in self.plan.state_stores:
+            out = self._state_destination(n)
             if out is not None:
-                self.stored_in_cache.add(self.plan.cache_stores[n.id][0])
+                self.stored_in_state.add(self.plan.state_stores[n.id][0])
         if out is None:
             out = self.out_buffer(n)
         kb = KernelBuilder(n.op)
@@ -535,38 +519,18 @@ class Lowering:
         value = body.compute(n, list(body.index))
         store = Store(p_out, index_of(out.offset, zip(body.index, out.strides)), value)
         stmts = body.assemble(store)
-        self.emit(kb, stmts, n, self.kernel_name(n, stmts))
+        self.emit(kb, stmts, n, self.kernel_name(n, body.computes), body.computes)
         return V.View(out.base, n.shape, out.strides, out.offset)
 
-    def kernel_name(self, n: Node, body) -> str:
-        shape = "x".join(slug(d) for d in n.shape) or "scalar"
-        if self.plan is None:
-            if n.op == "matmul":
-                return f"matmul_{shape}_k{slug(self.g.nodes[n.args[0]].shape[-1])}"
-            if n.op in ("reduce_sum", "reduce_max", "concat"):
-                src = self.g.nodes[n.args[0]].shape if n.op != "concat" else n.shape
-                return f"{n.op}_{'x'.join(slug(d) for d in src)}_axis{n.attrs['axis']}"
-            return f"{n.op}_{shape}"
-        # fused: name the kernel by the work it does
-        text = repr(body)
-        parts = []
-        loops = list(_all_loops(body))
-        def accumulators(prefix):
-            return sum(isinstance(x, AccUpdate) for lp in loops if lp.var.startswith(prefix) for x in lp.body)
-
-        matmuls, reductions = accumulators("k"), accumulators("r")
-        if matmuls:
-            parts.append("matmul" if matmuls == 1 else f"matmul{matmuls}")
-        if reductions:
-            parts.append("rowreduce" if reductions == 1 else f"rowreduce{reductions}")
-        for op in ("exp", "sqrt", "sin", "cos"):
-            if f"op='{op}'" in text:
-                parts.append(op)
-        if "Select(" in text:
-            parts.append("select")
-        parts.append(n.op if n.op not in ("matmul",) else "store")
-        return "_".join(parts) + "_" + shape
-
+    def kernel_name(self, n: Node, computes) -> str:
+        if self.plan is not None:
+            return kernel_name(n.op, computes, n.shape)
+        if n.op == "matmul":  # unfused: one primitive, named by its operands' shapes
+            return f"matmul_{'x'.join(slug(d) for d in n.shape)}_k{slug(self.g.nodes[n.args[0]].shape[-1])}"
+        if n.op in ("reduce_sum", "reduce_max", "concat"):
+            src = self.g.nodes[n.args[0]].shape if n.op != "concat" else n.shape
+            return f"{n.op}_{'x'.join(slug(d) for d in src)}_axis{n.attrs['axis']}"
+        return f"{n.op}_{'x'.join(slug(d) for d in n.shape) or 'scalar'}"
 
     def copy(self, n: Node, src: V.View) -> V.View:
         """A reshape that no strides express, unfused: copy in row-major order."""
@@ -580,26 +544,19 @@ class Lowering:
         self.emit(kb, body.assemble(store), n, name)
         return out
 
-    def append_kv(self, n: Node, src) -> V.View:
-        """concat([cache input, new rows]) that is the cache's output: write the new rows in place."""
-        cache_view, new = src
-        total = V.View(cache_view.base, n.shape, cache_view.strides)
+    def append_state(self, n: Node, src) -> V.View:
+        """concat([state input, new rows]) that is the state's output: write the new rows in place."""
+        state_view, new = src
+        total = V.View(state_view.base, n.shape, state_view.strides)
         dst = V.slice_(total, 1, Expr.sym("past"), n.shape[1])
-        kb = KernelBuilder("append_kv")
-        p_out = kb.param(cache_view.base, "f32", "write")
+        kb = KernelBuilder("append")
+        p_out = kb.param(state_view.base, n.dtype, "write")
         body = KernelBody(self, kb, new.shape)
-        value = body.load(new, "f32", body.index)
+        value = body.load(new, n.dtype, body.index)
         store = Store(p_out, index_of(dst.offset, zip(body.index, dst.strides)), value)
-        self.emit(kb, body.assemble(store), n, f"append_kv_{'x'.join(slug(x) for x in new.shape)}")
+        self.emit(kb, body.assemble(store), n, f"append_{'x'.join(slug(x) for x in new.shape)}")
         return total
 
 
-def _all_loops(body):
-    for s in body:
-        if isinstance(s, Loop):
-            yield s
-            yield from _all_loops(s.body)
-
-
-def lower(graph: Graph, name: str = "forward", model: bool = True, plan=None) -> Program:
-    return Lowering(graph, name, model, plan).run()
+def lower(graph: Graph, signature: Signature, plan=None) -> Program:
+    return Lowering(graph, signature, plan).run()

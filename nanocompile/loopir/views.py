@@ -64,7 +64,7 @@ def reshape(v: View, shape) -> View | None:
     strides = [Expr.of(0)] * len(shape)
     i = j = 0
     while i < len(old) and j < len(new_axes):
-        group = _matching_group(old, i, [shape[a] for a in new_axes], j)
+        group = matching_group(old, i, [shape[a] for a in new_axes], j)
         if group is None:
             return None
         i2, j2 = group
@@ -81,7 +81,7 @@ def reshape(v: View, shape) -> View | None:
     return View(v.base, shape, tuple(strides), v.offset)
 
 
-def _matching_group(old, i, new_sizes, j):
+def matching_group(old, i, new_sizes, j):
     """The smallest runs old[i:i2], new[j:j2] with equal element counts (as polynomials)."""
     for i2 in range(i + 1, len(old) + 1):
         p_old = product(s for s, _ in old[i:i2])

@@ -8,38 +8,8 @@ loop; a weight read by a matmul counts its N*K elements once, not once per row.
 from __future__ import annotations
 
 from ..ir.expr import Expr
-from .ir import (Acc, AccInit, AccUpdate, Bin, Cast, DTYPE_BYTES, FConst, IConst, Kernel, Load, Loop, Poly,
-                 Program, Select, Store, Un, Var)
-
-
-def _vars(e) -> set[str]:
-    if isinstance(e, Var):
-        return {e.name}
-    if isinstance(e, (Poly, IConst, FConst, Acc)):
-        return set()
-    if isinstance(e, Bin):
-        return _vars(e.a) | _vars(e.b)
-    if isinstance(e, (Un, Cast)):
-        return _vars(e.a)
-    if isinstance(e, Select):
-        return _vars(e.cond) | _vars(e.a) | _vars(e.b)
-    if isinstance(e, Load):
-        return _vars(e.index)
-    raise TypeError(e)
-
-
-def _loads(e):
-    if isinstance(e, Load):
-        yield e
-        yield from _loads(e.index)
-    elif isinstance(e, Bin):
-        yield from _loads(e.a)
-        yield from _loads(e.b)
-    elif isinstance(e, (Un, Cast)):
-        yield from _loads(e.a)
-    elif isinstance(e, Select):
-        for x in (e.cond, e.a, e.b):
-            yield from _loads(x)
+from .ir import DTYPE_BYTES, IConst, Kernel, Poly, Program, Store
+from .traverse import expressions, free_vars, loads, statements_in_loops
 
 
 def _extent(e) -> Expr:
@@ -57,32 +27,23 @@ def kernel_bytes(k: Kernel) -> dict[str, Expr]:
     moved = {p.name: Expr.of(0) for p in k.params}
 
     def count(param, index, loops):
-        used = _vars(index)
-        key = (param, index, tuple(v for v, _ in loops))
+        used = free_vars(index)
+        key = (param, index, tuple(lp.var for lp in loops))
         if key in seen:
             return
         seen.add(key)
         elements = Expr.of(1)
-        for var, ext in loops:
-            if var in used:
-                elements = elements * ext
+        for lp in loops:
+            if lp.var in used:
+                elements = elements * _extent(lp.extent)
         moved[param] = moved[param] + elements * DTYPE_BYTES[dtype[param]]
 
-    def walk(body, loops):
-        for s in body:
-            if isinstance(s, Loop):
-                walk(s.body, loops + [(s.var, _extent(s.extent))])
-            elif isinstance(s, Store):
-                count(s.param, s.index, loops)
-                for ld in _loads(s.value):
-                    count(ld.param, ld.index, loops)
-                for ld in _loads(s.index):
-                    count(ld.param, ld.index, loops)
-            elif isinstance(s, (AccInit, AccUpdate)):
-                for ld in _loads(s.value):
-                    count(ld.param, ld.index, loops)
-
-    walk(k.lowered or k.body, [])  # a schedule moves the same elements
+    for s, loops in statements_in_loops(k.lowered or k.body):  # a schedule moves the same elements
+        if isinstance(s, Store):
+            count(s.param, s.index, loops)
+        for e in expressions(s):
+            for ld in loads(e):
+                count(ld.param, ld.index, loops)
     return moved
 
 

@@ -19,7 +19,7 @@ from ..frontend.config import ConfigError, Qwen2Config
 MAX_TENSORS = 1 << 16
 MAX_KEYS = 1 << 16
 
-_LAYER_NAMES = {
+LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "attn_q.weight": "self_attn.q_proj.weight",
     "attn_q.bias": "self_attn.q_proj.bias",
@@ -33,7 +33,7 @@ _LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
-_TOP_NAMES = {
+TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
@@ -42,11 +42,11 @@ _TOP_NAMES = {
 
 def hf_name(gguf_name: str) -> str | None:
     """transformers' name for a GGUF tensor name, or None if Qwen2 has no such tensor."""
-    if gguf_name in _TOP_NAMES:
-        return _TOP_NAMES[gguf_name]
+    if gguf_name in TOP_NAMES:
+        return TOP_NAMES[gguf_name]
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{int(m.group(1))}.{_LAYER_NAMES[m.group(2)]}"
+    if m and m.group(2) in LAYER_NAMES:
+        return f"model.layers.{int(m.group(1))}.{LAYER_NAMES[m.group(2)]}"
     return None
 
 

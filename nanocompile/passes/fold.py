@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..interpreter import _evaluate
+from ..interpreter import evaluate_node
 from ..ir.graph import Graph
 from ..ir.ops import MOVEMENT, SOURCES
 from .rebuild import Rebuilder, live_nodes
@@ -26,11 +26,11 @@ def fold_constants(graph: Graph) -> Graph:
         constant_shape = all(d.is_const for d in n.shape)
         foldable = (n.op not in SOURCES and n.args and all(a in value for a in n.args) and constant_shape)
         if foldable and n.op in MOVEMENT:
-            value[n.id] = np.asarray(_evaluate(n, _values(graph, value), {}, {}, {}))
+            value[n.id] = np.asarray(evaluate_node(n, _values(graph, value), {}, {}, {}))
             r.new_id[n.id] = r.copy(n)
         elif foldable:
             with np.errstate(all="ignore"):
-                result = np.array(_evaluate(n, _values(graph, value), {}, {}, {}))
+                result = np.array(evaluate_node(n, _values(graph, value), {}, {}, {}))
             result.setflags(write=False)
             value[n.id] = result
             r.new_id[n.id] = r.add("const", (), n.scope, value=result)

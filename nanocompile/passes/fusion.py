@@ -1,8 +1,8 @@
 """Fusion: decides which values become buffers at all.
 
 A value gets a buffer (it is a kernel's root) when it must: a graph output; a matmul operand (a
-matmul reads its operands many times); what feeds the KV cache (the root then stores straight
-into the cache); the embedding gather; the RoPE tables (sin and cos, read by every layer). And
+matmul reads its operands many times); what a state buffer appends (the root then stores
+straight into the state); a gather; sin and cos (tables, typically read many times). And
 a matmul's epilogue: the elementwise ops that follow a matmul at its own shape (bias, residual,
 SiLU, the SwiGLU product) join it, and the region they form has one root, its single exit.
 
@@ -24,8 +24,8 @@ from .rebuild import live_nodes
 @dataclass(frozen=True)
 class FusionPlan:
     materialize: frozenset[int]
-    # root node -> (the cache concat it feeds, the movement ops from the root to the concat)
-    cache_stores: dict = field(default_factory=dict)
+    # root node -> (the state concat it feeds, the movement ops from the root to the concat)
+    state_stores: dict = field(default_factory=dict)
 
 
 def _consumers(graph: Graph, live: set[int]) -> dict[int, list[Node]]:
@@ -46,18 +46,20 @@ def _producer(graph: Graph, i: int) -> tuple[int, list[Node]]:
     return i, list(reversed(chain))
 
 
-def cache_concats(graph: Graph) -> list[Node]:
-    """concat([cache input, new rows]) that is itself the cache's output."""
+def state_concats(graph: Graph, state: frozenset[str]) -> list[Node]:
+    """concat([state input, new rows]) that is itself the state's output."""
     outputs = {v: k for k, v in graph.outputs.items()}
     found = []
     for n in graph.nodes:
-        if (n.op == "concat" and n.id in outputs and outputs[n.id].startswith("cache.")
-                and graph.nodes[n.args[0]].op == "input"):
+        first = graph.nodes[n.args[0]] if n.args else None
+        if (n.op == "concat" and outputs.get(n.id) in state and first.op == "input"
+                and first.attrs["name"] == outputs[n.id]):
             found.append(n)
     return found
 
 
-def plan_fusion(graph: Graph) -> FusionPlan:
+def plan_fusion(graph: Graph, state: frozenset[str] = frozenset()) -> FusionPlan:
+    """state: the names of the graph's state buffers (inputs and outputs of the same name)."""
     live = live_nodes(graph)
     consumers = _consumers(graph, live)
     must: set[int] = set()
@@ -67,9 +69,9 @@ def plan_fusion(graph: Graph) -> FusionPlan:
         return graph.nodes[i].op not in SOURCES and graph.nodes[i].op not in MOVEMENT
 
     for name, i in graph.outputs.items():
-        if computed(i) and not name.startswith("cache."):
+        if computed(i) and name not in state:
             must.add(i)
-    for c in cache_concats(graph):
+    for c in state_concats(graph, state):
         root, chain = _producer(graph, c.args[1])
         if computed(root):
             must.add(root)

@@ -28,12 +28,10 @@ class Rebuilder:
         return tuple(self.new_id[a] for a in n.args)
 
     def copy(self, n: Node, args: tuple[int, ...] | None = None, **attrs) -> int:
-        self.b._scope = [n.scope] if n.scope else []
-        return self.b._add(n.op, self.args(n) if args is None else args, **(attrs or n.attrs))
+        return self.b.add_node(n.op, self.args(n) if args is None else args, n.scope, **(attrs or n.attrs))
 
     def add(self, op: str, args: tuple[int, ...], scope: str, **attrs) -> int:
-        self.b._scope = [scope] if scope else []
-        return self.b._add(op, args, **attrs)
+        return self.b.add_node(op, args, scope, **attrs)
 
     def finish(self) -> Graph:
         for name, i in self.old.outputs.items():

@@ -1,38 +1,49 @@
-"""The directives that restructure loops: Split, Reorder, UnrollJam and Parallel.
+"""The directives that restructure loops: Split, Reorder, Unroll, UnrollJam and Parallel.
 
 None changes what an output element is computed from or the order of any sum: an output loop's
 iterations are independent (each writes its own elements), so they may be split, swapped,
-unrolled or shared out; a reduction loop is never split, reordered or shared.
+unrolled or shared out; a reduction loop is never split, reordered or shared. Each directive is
+its legality check followed by a short rewrite.
 """
 from __future__ import annotations
 
 import dataclasses
 
-from ..loopir.ir import AccInit, AccUpdate, Bin, IConst, Kernel, Loop, Store, Var
+from ..loopir.ir import AccUpdate, Bin, IConst, Kernel, Loop, Var
+from ..loopir.traverse import declared, find_loop, loops, replace, statements, stores, substitute, uses
 from .directives import Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam
-from .nest import declared, find, loops, replace, rewrite, stmts, uses
+
+_GERUND = {"split": "splitting", "reorder": "reordering", "unroll": "unrolling"}
 
 
-def _output_loop(k: Kernel, var: str, verb: str) -> tuple[Loop, tuple]:
-    found = find(k.body, var)
+def output_loop(k: Kernel, var: str, verb: str) -> tuple[Loop, tuple]:
+    """(the output loop over var, the loops around it); refuses a missing or reduction loop."""
+    found = find_loop(k.body, var)
     if found is None:
         raise ScheduleError(f"{k.name}: no loop {var!r} to {verb}")
-    if not var.startswith("i"):
-        gerund = {"split": "splitting", "reorder": "reordering", "unroll": "unrolling"}[verb]
-        raise ScheduleError(f"{k.name}: {var!r} is a reduction loop; {gerund} it would reorder a sum")
+    if not found[0].is_output:
+        raise ScheduleError(f"{k.name}: {var!r} is a reduction loop; {_GERUND[verb]} it would reorder a sum")
     return found
 
 
-def _no_parallel(k: Kernel, loop: Loop, verb: str) -> None:
+def _not_parallel(k: Kernel, loop: Loop, directive: str) -> None:
     if loop.parallel:
-        raise ScheduleError(f"{k.name}: loop {loop.var!r} is already parallel; {verb} comes before Parallel")
+        raise ScheduleError(f"{k.name}: loop {loop.var!r} is already parallel; {directive} comes before Parallel")
+
+
+def _whole_multiple(k: Kernel, loop: Loop, factor: int, hint: str = "") -> int:
+    """extent / factor, for a constant extent that factor (>= 2) divides."""
+    if not isinstance(loop.extent, IConst) or loop.extent.value % factor or factor < 2:
+        size = loop.extent.value if isinstance(loop.extent, IConst) else "a symbolic number of"
+        raise ScheduleError(f"{k.name}: loop {loop.var!r} of {size} iterations is not a multiple of {factor}{hint}")
+    return loop.extent.value // factor
 
 
 # Split ------------------------------------------------------------------------------------------
 
 def split(k: Kernel, d: Split) -> tuple:
-    loop, _ = _output_loop(k, d.loop, "split")
-    _no_parallel(k, loop, "Split")
+    loop, _ = output_loop(k, d.loop, "split")
+    _not_parallel(k, loop, "Split")
     if d.factor < 2:
         raise ScheduleError(f"{k.name}: Split({d.loop}) needs a factor of at least 2, not {d.factor}")
     if loop.lanes:
@@ -47,28 +58,30 @@ def split(k: Kernel, d: Split) -> tuple:
     else:
         whole, tail_extent = Bin("/", loop.extent, f), Bin("%", loop.extent, f)
     outer, inner, tail = d.loop + "o", d.loop + "i", d.loop + "t"
-    if any(find(k.body, v) for v in (outer, inner, tail)):
+    if any(find_loop(k.body, v) for v in (outer, inner, tail)):
         raise ScheduleError(f"{k.name}: loop {d.loop!r} was split already")
-    main = Loop(outer, whole, (Loop(inner, f, rewrite(loop.body, d.loop, Bin("+", Bin("*", Var(outer), f),
-                                                                             Var(inner)))),))
+    split_index = Bin("+", Bin("*", Var(outer), f), Var(inner))
+    main = dataclasses.replace(loop, var=outer, extent=whole, unrolled=1, body=(
+        dataclasses.replace(loop, var=inner, extent=f, body=substitute(loop.body, {d.loop: split_index})),))
     new = (main,)
     if tail_extent is not None:
         start = Bin("*", whole, f) if not isinstance(whole, IConst) else IConst(whole.value * d.factor)
-        new += (Loop(tail, tail_extent, rewrite(loop.body, d.loop, Bin("+", start, Var(tail)))),)
+        new += (dataclasses.replace(loop, var=tail, extent=tail_extent,
+                                    body=substitute(loop.body, {d.loop: Bin("+", start, Var(tail))})),)
     return replace(k.body, loop, new)
 
 
 # Reorder ----------------------------------------------------------------------------------------
 
 def reorder(k: Kernel, d: Reorder) -> tuple:
-    outer, _ = _output_loop(k, d.outer, "reorder")
-    inner, _ = _output_loop(k, d.inner, "reorder")
+    outer, _ = output_loop(k, d.outer, "reorder")
+    inner, _ = output_loop(k, d.inner, "reorder")
     if len(outer.body) != 1 or outer.body[0] is not inner:
         raise ScheduleError(f"{k.name}: loop {d.outer!r} must hold only loop {d.inner!r} to swap them")
     if uses(inner.extent, d.outer):
         raise ScheduleError(f"{k.name}: the extent of {d.inner!r} depends on {d.outer!r}")
-    _no_parallel(k, outer, "Reorder")
-    _no_parallel(k, inner, "Reorder")
+    _not_parallel(k, outer, "Reorder")
+    _not_parallel(k, inner, "Reorder")
     if any(p.access == "readwrite" for p in k.params):
         raise ScheduleError(f"{k.name}: reads a buffer it writes; its iterations may depend on each other")
     swapped = dataclasses.replace(inner, body=(dataclasses.replace(outer, body=inner.body),))
@@ -77,83 +90,80 @@ def reorder(k: Kernel, d: Reorder) -> tuple:
 
 # Unroll, UnrollJam ------------------------------------------------------------------------------
 
+def _copy(loop: Loop, j: int, factor: int, whole: int) -> tuple:
+    """The body of `loop` for its j-th unrolled copy, the copy's locals renamed."""
+    if whole == 1:
+        index = IConst(j)
+    else:
+        base = Bin("*", Var(loop.var), IConst(factor))
+        index = Bin("+", base, IConst(j)) if j else base
+    return substitute(loop.body, {loop.var: index}, f"_{j}", declared(loop.body))
+
+
 def unroll(k: Kernel, d: Unroll) -> tuple:
-    loop, _ = _output_loop(k, d.loop, "unroll")
-    if not isinstance(loop.extent, IConst) or loop.extent.value % d.factor or d.factor < 2:
-        size = loop.extent.value if isinstance(loop.extent, IConst) else "a symbolic number of"
-        raise ScheduleError(f"{k.name}: loop {d.loop!r} of {size} iterations is not a multiple of {d.factor}; "
-                            f"Split it first")
-    _no_parallel(k, loop, "Unroll")
+    loop, _ = output_loop(k, d.loop, "unroll")
+    whole = _whole_multiple(k, loop, d.factor, "; Split it first")
+    _not_parallel(k, loop, "Unroll")
     if loop.lanes:
         raise ScheduleError(f"{k.name}: loop {d.loop!r} is vectorized; UnrollJam unrolls vector loops")
-    whole = loop.extent.value // d.factor
-    body = []
-    for j in range(d.factor):  # each copy's locals renamed: the copies run one after the other
-        index = IConst(j) if whole == 1 else Bin("+", Bin("*", Var(d.loop), IConst(d.factor)), IConst(j))
-        body += rewrite(loop.body, d.loop, index, f"_{j}", declared(loop.body))
+    body = sum((_copy(loop, j, d.factor, whole) for j in range(d.factor)), ())  # the copies run in turn
     if whole == 1:
-        return replace(k.body, loop, tuple(body))
-    return replace(k.body, loop, (dataclasses.replace(loop, extent=IConst(whole), body=tuple(body)),))
+        return replace(k.body, loop, body)
+    return replace(k.body, loop, (dataclasses.replace(loop, extent=IConst(whole), body=body,
+                                                      unrolled=loop.unrolled * d.factor),))
 
 
-
-def _check_unroll_jam(k: Kernel, d: UnrollJam):
-    loop, _ = _output_loop(k, d.loop, "unroll")
-    if not isinstance(loop.extent, IConst) or loop.extent.value % d.factor or d.factor < 2:
-        size = loop.extent.value if isinstance(loop.extent, IConst) else "a symbolic number of"
-        raise ScheduleError(f"{k.name}: loop {d.loop!r} of {size} iterations is not a multiple of "
-                            f"{d.factor}")
+def check_unroll_jam(k: Kernel, d: UnrollJam) -> tuple[Loop, Loop]:
+    """(the output loop, the one reduction loop in it whose copies are jammed)."""
+    loop, _ = output_loop(k, d.loop, "unroll")
+    _whole_multiple(k, loop, d.factor)
     inner = [s for s in loop.body if isinstance(s, Loop)]
-    if len(inner) != 1 or any(isinstance(x, Loop) for x in inner[0].body):
+    if len(inner) != 1 or inner[0].is_output or any(isinstance(x, Loop) for x in inner[0].body):
         raise ScheduleError(f"{k.name}: loop {d.loop!r} must hold exactly one reduction loop, itself "
                             f"without loops, to jam the copies' reductions into one")
-    _no_parallel(k, loop, "UnrollJam")
+    _not_parallel(k, loop, "UnrollJam")
     return loop, inner[0]
 
 
 def unroll_jam(k: Kernel, d: UnrollJam) -> tuple:
-    loop, reduction = _check_unroll_jam(k, d)
+    loop, reduction = check_unroll_jam(k, d)
     at = loop.body.index(reduction)
     whole = loop.extent.value // d.factor
     pre, post, merged = [], [], []
     for j in range(d.factor):
-        if whole == 1:
-            index = IConst(j)
-        else:
-            base = Bin("*", Var(d.loop), IConst(d.factor))
-            index = Bin("+", base, IConst(j)) if j else base
-        copy = rewrite(loop.body, d.loop, index, f"_{j}", declared(loop.body))
+        copy = _copy(loop, j, d.factor, whole)
         pre += copy[:at]
-        merged += copy[at].body
+        merged += copy[at].body  # each copy's accumulators add their own terms, in k order
         post += copy[at + 1:]
     body = tuple(pre) + (dataclasses.replace(reduction, body=tuple(merged)),) + tuple(post)
     if whole == 1 and not loop.lanes:
         return replace(k.body, loop, body)  # a loop of one iteration: its body alone
-    return replace(k.body, loop, (dataclasses.replace(loop, extent=IConst(whole), body=body),))
+    return replace(k.body, loop, (dataclasses.replace(loop, extent=IConst(whole), body=body,
+                                                      unrolled=loop.unrolled * d.factor),))
 
 
 # Parallel ---------------------------------------------------------------------------------------
 
-def check_parallel(k: Kernel, d: Parallel) -> None:
-    found = find(k.body, d.loop)
+def check_parallel(k: Kernel, d: Parallel) -> Loop:
+    found = find_loop(k.body, d.loop)
     if found is None:
         raise ScheduleError(f"{k.name}: no loop {d.loop!r} to parallelize")
     loop, outer = found
     if any(lp.parallel for lp in outer) or any(lp.parallel for lp in loops(loop.body)):
         raise ScheduleError(f"{k.name}: loop {d.loop!r} is nested in or around another parallel loop")
-    updates = [s for s in stmts(loop.body) if isinstance(s, AccUpdate)]
-    declared = {s.name for s in stmts(loop.body) if isinstance(s, AccInit)}
-    carried = [u.name for u in updates if u.name not in declared]
-    if carried:
-        raise ScheduleError(f"{k.name}: loop {d.loop!r} carries the reduction {carried[0]!r}; splitting it "
+    carried = [s.name for s in statements(loop.body) if isinstance(s, AccUpdate) and s.name not in
+               declared(loop.body)]
+    if not loop.is_output or carried:
+        name = carried[0] if carried else "its accumulator"
+        raise ScheduleError(f"{k.name}: loop {d.loop!r} carries the reduction {name!r}; splitting it "
                             f"would reorder a sum")
-    stores = [s for s in stmts(loop.body) if isinstance(s, Store)]
-    if not stores or not all(uses(s.index, d.loop) for s in stores):
+    written = stores(loop.body)
+    if not written or not all(uses(s.index, d.loop) for s in written):
         raise ScheduleError(f"{k.name}: iterations of {d.loop!r} write the same outputs; splitting it "
                             f"across threads would race")
+    return loop
 
 
 def parallel(k: Kernel, d: Parallel) -> tuple:
-    check_parallel(k, d)
-    loop, _ = find(k.body, d.loop)
+    loop = check_parallel(k, d)
     return replace(k.body, loop, (dataclasses.replace(loop, parallel=True),))

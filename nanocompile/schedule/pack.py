@@ -9,16 +9,12 @@ must read it packed (weight_layouts checks this across a program's calls).
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from ..loopir.affine import build, linear
-from ..loopir.ir import Bin, IConst, Kernel, Lane, Load, Loop, Var
+from ..loopir.ir import Bin, IConst, Kernel, Lane, Load, Var
+from ..loopir.traverse import find_loop, loops, rewrite_in_loops
 from .directives import Pack, ScheduleError
-from .nest import find, stmts
-
-_LOAD_FIELDS = ("cond", "a", "b", "index")
 
 
 def _range(k: Kernel, atom, lanes: dict) -> int | None:
@@ -26,7 +22,7 @@ def _range(k: Kernel, atom, lanes: dict) -> int | None:
     if isinstance(atom, Lane):
         return lanes.get("lane")
     if isinstance(atom, Var):
-        found = find(k.body, atom.name)
+        found = find_loop(k.body, atom.name)
         if found and isinstance(found[0].extent, IConst):
             return found[0].extent.value - 1
     return None
@@ -59,20 +55,10 @@ def packed_index(k: Kernel, d: Pack, index, lanes: dict):
         return build(terms, row_const // b * d.row * b + col_const * b + row_const % b)
     if lane_c:
         raise ScheduleError(f"{k.name}: the lanes read rows of {d.param} that do not start a block of {b}")
-    # any other row expression (a token id read from memory): divide it into block and offset
+    # any other row expression (an id read from memory): divide it into block and offset
     n = build(row_terms, row_const)
     return Bin("+", Bin("*", Bin("+", Bin("*", Bin("/", n, IConst(b)), IConst(d.row)), column), IConst(b)),
                Bin("%", n, IConst(b)))
-
-
-def _rewrite_loads(k: Kernel, d: Pack, e, lanes: dict):
-    if isinstance(e, Load):
-        index = _rewrite_loads(k, d, e.index, lanes)
-        return Load(e.param, packed_index(k, d, index, lanes) if e.param == d.param else index)
-    if hasattr(e, "__dataclass_fields__") and any(hasattr(e, f) for f in _LOAD_FIELDS):
-        return dataclasses.replace(e, **{f: _rewrite_loads(k, d, getattr(e, f), lanes)
-                                         for f in _LOAD_FIELDS if hasattr(e, f)})
-    return e
 
 
 def pack(k: Kernel, d: Pack) -> tuple:
@@ -84,24 +70,17 @@ def pack(k: Kernel, d: Pack) -> tuple:
                             f"reads are packed")
     if d.block < 2 or d.row < 1:
         raise ScheduleError(f"{k.name}: Pack({d.param}) needs rows of at least 1 and blocks of at least 2 rows")
-    if any(isinstance(s, Loop) and s.lanes and d.block % s.lanes for s in stmts(k.body)):
+    if any(lp.lanes and d.block % lp.lanes for lp in loops(k.body)):
         raise ScheduleError(f"{k.name}: blocks of {d.block} rows do not hold whole vectors")
-    return _transform(k, d, k.body, {})
 
+    def packed_load(n, around):
+        if not (isinstance(n, Load) and n.param == d.param):
+            return None
+        vector = [lp for lp in around if lp.lanes]
+        lanes = {"lane": vector[-1].lanes - 1} if vector else {}
+        return Load(n.param, packed_index(k, d, n.index, lanes))
 
-def _transform(k: Kernel, d: Pack, body, lanes: dict) -> tuple:
-    out = []
-    for s in body:
-        if isinstance(s, Loop):
-            inner = {"lane": s.lanes - 1} if s.lanes else lanes
-            out.append(dataclasses.replace(s, extent=_rewrite_loads(k, d, s.extent, lanes),
-                                           body=_transform(k, d, s.body, inner)))
-        else:
-            changes = {"value": _rewrite_loads(k, d, s.value, lanes)}
-            if hasattr(s, "index"):
-                changes["index"] = _rewrite_loads(k, d, s.index, lanes)
-            out.append(dataclasses.replace(s, **changes))
-    return tuple(out)
+    return rewrite_in_loops(k.body, packed_load)
 
 
 # the weights file -------------------------------------------------------------------------------

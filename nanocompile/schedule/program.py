@@ -1,12 +1,15 @@
 """Scheduling a whole program: each kernel's recipe, then the weight layouts they agree on.
 
-A weight one kernel reads packed must be read packed by every kernel that reads it (the tied
-embedding is both the logits' projection and the token gather), so a kernel that reads a packed
+A weight one kernel reads packed must be read packed by every kernel that reads it (a tied
+embedding is both a matmul's operand and a gather's table), so a kernel that reads a packed
 weight without packing it gets the Pack directive added in front of its schedule.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from ..loopir.ir import Kernel
+from .apply import apply, first_legal
 from .directives import Pack
 from .pack import weight_layouts
 from .recipes import default_schedule
@@ -27,14 +30,13 @@ def weight_params(kernels: dict[str, Kernel], programs) -> dict[str, frozenset]:
 def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=None) -> dict[str, tuple[int, int]]:
     """Schedules every kernel in place; returns buffer -> (row, block) for the packed weights.
     choose(kernel) -> directives replaces the recipes (tests use it to try other schedules)."""
-    from . import apply
     programs = list(programs)
     weights = weight_params(kernels, programs)
     schedules = {name: tuple(choose(k) if choose else default_schedule(k, lanes, weights.get(name, ())))
                  for name, k in kernels.items()}
 
     def layouts(strict):
-        tagged = {name: _with_schedule(k, schedules[name]) for name, k in kernels.items()}
+        tagged = {name: dataclasses.replace(k, schedule=tuple(schedules[name])) for name, k in kernels.items()}
         out = {}
         for prog in programs:
             out.update(weight_layouts(tagged, prog.calls, prog.buffers, strict))
@@ -50,27 +52,12 @@ def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=No
             if added:
                 # its own recipe with the packs in front, else the recipe without vector code
                 # (a kernel vectorized along a weight's row reads it strided once packed)
-                schedules[call.kernel] = _first_legal(k, [added + schedules[call.kernel],
-                                                          added + default_schedule(k, 0, ())])
+                candidates = [added + schedules[call.kernel], added + default_schedule(k, 0, ())]
+                # if neither applies, apply() below raises the last one's error
+                schedules[call.kernel] = first_legal(k, candidates) or candidates[-1]
     packed = layouts(strict=True)  # raises if a parameter is bound to a packed and an unpacked weight
     for name, k in list(kernels.items()):
         kernels[name] = apply(k, schedules[name])
     for prog in programs:
         prog.kernels = {n: kernels[n] for n in prog.kernels}
     return packed
-
-
-def _first_legal(k: Kernel, candidates) -> tuple:
-    from . import ScheduleError, apply
-    for schedule in candidates:
-        try:
-            apply(k, schedule)
-            return schedule
-        except ScheduleError:
-            continue
-    return candidates[-1]  # apply raises its error again, where the caller applies it
-
-
-def _with_schedule(k: Kernel, schedule) -> Kernel:
-    import dataclasses
-    return dataclasses.replace(k, schedule=tuple(schedule))

@@ -7,21 +7,25 @@ kernel wins, and the last resort is the kernel as fusion wrote it. The classes:
                      vectorize the columns, pack the weight so the lanes' columns are adjacent,
                      unroll-and-jam more columns, then move the rows inside and tile them (6
                      rows with AVX-512), so each block of weights is reused by those rows from
-                     registers and by the next rows from cache (prefill); split the column
-                     blocks across threads;
-  attention values   probabilities times the V cache: vectorize the head dimension (contiguous
-                     in the cache), move query rows inside and unroll-and-jam 8 of them;
-  attention scores   queries times the K cache: the key loop is symbolic, so split it by 8 and
-                     unroll-and-jam the 8 (independent accumulators), split rows across threads;
+                     registers and by the next rows from on-chip memory (prefill); split the
+                     column blocks across threads;
+  activation product a matmul of two activations whose columns are contiguous (attention's
+                     probabilities times the stored values): vectorize the columns, move the
+                     rows inside and unroll-and-jam 8 of them;
+  symbolic columns   a matmul whose column loop has a symbolic extent (attention's scores over
+                     every stored key): split the columns by 8 and unroll-and-jam the 8
+                     (independent accumulators), split rows across threads;
   row and elementwise kernels: vectorize an innermost loop if it can be, then the basic recipe;
   basic              parallelize the output loop with the most iterations known at compile time
                      (>= 16), else the outermost symbolic one, unrolled and jammed by 8, 4 or 2.
 """
 from __future__ import annotations
 
-from ..loopir.ir import IConst, Kernel, Loop
+from ..loopir.ir import AccInit, IConst, Kernel, Loop
+from ..loopir.traverse import find_loop, loads, loops
+from .apply import first_legal
 from .directives import Pack, Parallel, Reorder, ScheduleError, Split, UnrollJam, Vectorize
-from .nest import body_loads, find, loops
+from .loops import check_parallel, check_unroll_jam
 
 # a projection's register tile by lanes: (rows sharing each vector of weights, vector
 # accumulators the tile may hold). AVX-512 has 32 vector registers: 24 accumulators leave room
@@ -33,14 +37,7 @@ ATTENTION_ROWS = 8  # query rows unrolled and jammed in attention
 def default_schedule(k: Kernel, lanes: int = 0, weights=frozenset()) -> tuple:
     """The first legal candidate of the kernel's recipes. lanes: 16 (AVX-512), 8 (AVX2) or 0
     (no vector code); weights: the parameters bound to weights, which may be packed."""
-    from . import apply
-    for schedule in _candidates(k, lanes, frozenset(weights)):
-        try:
-            apply(k, schedule)
-        except ScheduleError:
-            continue
-        return tuple(schedule)
-    return ()
+    return first_legal(k, _candidates(k, lanes, frozenset(weights)))
 
 
 def _column_loop(k: Kernel):
@@ -48,10 +45,10 @@ def _column_loop(k: Kernel):
     loop that directly holds one reduction loop without loops inside, or None."""
     for lp in loops(k.body):
         inner = [s for s in lp.body if isinstance(s, Loop)]
-        if lp.var.startswith("i") and len(inner) == 1 and not inner[0].var.startswith("i") \
+        if lp.is_output and len(inner) == 1 and not inner[0].is_output \
                 and not any(isinstance(s, Loop) for s in inner[0].body):
-            outer = find(k.body, lp.var)[1]
-            row = outer[-1] if outer and outer[-1].var.startswith("i") else None
+            outer = find_loop(k.body, lp.var)[1]
+            row = outer[-1] if outer and outer[-1].is_output else None
             return lp, row, inner[0]
     return None
 
@@ -60,22 +57,22 @@ def _candidates(k: Kernel, lanes: int, weights: frozenset):
     found = _column_loop(k)
     if found:
         col, row, reduction = found
-        packed = sorted({ld.param for ld in body_loads(reduction.body) if ld.param in weights})
+        packed = sorted({ld.param for ld in loads(reduction.body) if ld.param in weights})
         if lanes and packed and isinstance(reduction.extent, IConst):
             yield from _projection(k, col, row, reduction, lanes, packed)
         if lanes and not packed and row is not None:
-            yield from _attention_values(col, row, lanes)
+            yield from _activation_product(col, row, lanes)
         if row is not None and not isinstance(col.extent, IConst):
             yield [Split(col.var, 8), UnrollJam(col.var + "i", 8), Parallel(row.var)]
     if lanes:
         for lp in loops(k.body):
-            if lp.var.startswith("i") and not any(isinstance(s, Loop) for s in lp.body):
+            if lp.is_output and not any(isinstance(s, Loop) for s in lp.body):
                 yield [Vectorize(lp.var, lanes)] + list(_basic(k))
     yield list(_basic(k))
 
 
 def _projection(k: Kernel, col: Loop, row, reduction: Loop, lanes: int, packed: list):
-    accumulators = sum(1 for s in col.body if type(s).__name__ == "AccInit")
+    accumulators = sum(1 for s in col.body if isinstance(s, AccInit))
     rows, budget = TILES[lanes]
     for columns in (4, 2, 1):
         if columns * accumulators * rows > budget and columns > 1:
@@ -90,7 +87,7 @@ def _projection(k: Kernel, col: Loop, row, reduction: Loop, lanes: int, packed: 
         yield base + unroll + [Parallel(col.var)]
 
 
-def _attention_values(col: Loop, row: Loop, lanes: int):
+def _activation_product(col: Loop, row: Loop, lanes: int):
     r = row.var
     yield [Vectorize(col.var, lanes), Reorder(r, col.var), Split(r, ATTENTION_ROWS),
            UnrollJam(r + "i", ATTENTION_ROWS), Parallel(r + "o"), Parallel(r + "t")]
@@ -98,10 +95,9 @@ def _attention_values(col: Loop, row: Loop, lanes: int):
 
 
 def _basic(k: Kernel) -> tuple:
-    from .loops import _check_unroll_jam, check_parallel
     legal = []
     for loop in loops(k.body):
-        if loop.var.startswith("i"):
+        if loop.is_output:
             try:
                 check_parallel(k, Parallel(loop.var))
             except ScheduleError:
@@ -119,7 +115,7 @@ def _basic(k: Kernel) -> tuple:
         return ()
     for factor in (8, 4, 2):
         try:
-            _check_unroll_jam(k, UnrollJam(var, factor))
+            check_unroll_jam(k, UnrollJam(var, factor))
             return (UnrollJam(var, factor), Parallel(var))
         except ScheduleError:
             continue

@@ -17,14 +17,18 @@ from __future__ import annotations
 import dataclasses
 
 from ..loopir.affine import linear
-from ..loopir.ir import AccInit, AccUpdate, Bin, IConst, Kernel, Lane, Load, Loop, Select, Store, Var
+from ..loopir.ir import AccUpdate, Bin, IConst, Kernel, Lane, Load, Loop, Select, Store, Var
+from ..loopir.traverse import (contains, declared, expressions, find_loop, loads, loops, replace, statements,
+                               substitute, walk)
 from .directives import ScheduleError, Vectorize
-from .nest import contains, find, loads, replace, rewrite, stmts, values
+
+TARGET_LANES = (8, 16)  # AVX2, AVX-512
 
 
-def _lane_stride(k: Kernel, what: str, index) -> int:
+def lane_stride(k: Kernel, what: str, index) -> int:
+    """How far apart consecutive lanes' elements are; refuses an index not linear in the lane."""
     terms, _ = linear(index)
-    for atom, c in terms.items():
+    for atom in terms:
         if atom != Lane() and contains(atom, Lane):
             raise ScheduleError(f"{k.name}: the index of {what} is not linear in the lane "
                                 f"(integer arithmetic that differs between lanes)")
@@ -33,31 +37,27 @@ def _lane_stride(k: Kernel, what: str, index) -> int:
 
 def _check_value(k: Kernel, e, dtypes: dict) -> None:
     """A value computed in a vector loop: lanes may differ only through loads."""
-    if isinstance(e, Load):
-        stride = _lane_stride(k, e.param, e.index)
-        if stride and dtypes[e.param] != "f32":
-            raise ScheduleError(f"{k.name}: {e.param} holds {dtypes[e.param]}, and only float32 lanes are "
-                                f"vectorized")
-        return
-    if isinstance(e, Select) and contains(e.cond, Lane):
-        raise ScheduleError(f"{k.name}: a select on a lane-dependent condition: its lanes would evaluate "
-                            f"both operands, and one may be out of bounds")
-    if isinstance(e, Lane):
-        raise ScheduleError(f"{k.name}: integer arithmetic that differs between lanes has no exact "
-                            f"vector form here")
-    for f in ("cond", "a", "b"):
-        if hasattr(e, f):
-            _check_value(k, getattr(e, f), dtypes)
+    for n in walk(e, descend=lambda n: not isinstance(n, Load)):  # an index may use the lane
+        if isinstance(n, Load):
+            if lane_stride(k, n.param, n.index) and dtypes[n.param] != "f32":
+                raise ScheduleError(f"{k.name}: {n.param} holds {dtypes[n.param]}, and only float32 lanes are "
+                                    f"vectorized")
+        elif isinstance(n, Select) and contains(n.cond, Lane):
+            raise ScheduleError(f"{k.name}: a select on a lane-dependent condition: its lanes would evaluate "
+                                f"both operands, and one may be out of bounds")
+        elif isinstance(n, Lane):
+            raise ScheduleError(f"{k.name}: integer arithmetic that differs between lanes has no exact "
+                                f"vector form here")
 
 
 def vectorize(k: Kernel, d: Vectorize) -> tuple:
-    found = find(k.body, d.loop)
+    found = find_loop(k.body, d.loop)
     if found is None:
         raise ScheduleError(f"{k.name}: no loop {d.loop!r} to vectorize")
     loop, outer = found
-    if not d.loop.startswith("i"):
+    if not loop.is_output:
         raise ScheduleError(f"{k.name}: {d.loop!r} is a reduction loop; its lanes would carry the sum")
-    if d.lanes not in (8, 16):
+    if d.lanes not in TARGET_LANES:
         raise ScheduleError(f"{k.name}: {d.lanes} lanes; the targets have 8 (AVX2) or 16 (AVX-512)")
     if not isinstance(loop.extent, IConst) or loop.extent.value % d.lanes:
         size = loop.extent.value if isinstance(loop.extent, IConst) else "a symbolic number of"
@@ -65,42 +65,40 @@ def vectorize(k: Kernel, d: Vectorize) -> tuple:
                             f"{d.lanes} lanes")
     if loop.parallel:
         raise ScheduleError(f"{k.name}: loop {d.loop!r} is already parallel; Vectorize comes before Parallel")
-    if any(lp.lanes for lp in outer) or any(s.lanes for s in stmts(loop.body) if isinstance(s, Loop)):
+    if any(lp.lanes for lp in outer) or any(lp.lanes for lp in loops(loop.body)):
         raise ScheduleError(f"{k.name}: loop {d.loop!r} is nested in or around another vectorized loop")
-    declared = {s.name for s in stmts(loop.body) if isinstance(s, AccInit)}
-    carried = [s.name for s in stmts(loop.body) if isinstance(s, AccUpdate) and s.name not in declared]
+    carried = [s.name for s in statements(loop.body) if isinstance(s, AccUpdate) and s.name not in
+               declared(loop.body)]
     if carried:
         raise ScheduleError(f"{k.name}: loop {d.loop!r} carries {carried[0]!r} from one iteration to the "
                             f"next; its lanes would carry a value across lanes")
-    body = rewrite(loop.body, d.loop, Bin("+", Bin("*", Var(d.loop), IConst(d.lanes)), Lane()))
+    body = substitute(loop.body, {d.loop: Bin("+", Bin("*", Var(d.loop), IConst(d.lanes)), Lane())})
     dtypes = {p.name: p.dtype for p in k.params}
-    for s in stmts(body):
-        for e in values(s):
+    for s in statements(body):
+        for e in (s.value,) if isinstance(s, Store) else expressions(s):
             _check_value(k, e, dtypes)
         if isinstance(s, Store):
-            stride = _lane_stride(k, s.param, s.index)
+            stride = lane_stride(k, s.param, s.index)
             if stride != 1:
                 raise ScheduleError(f"{k.name}: the lanes of {d.loop!r} write {s.param} with stride {stride}, "
                                     f"not consecutive elements")
             if dtypes[s.param] != "f32":
                 raise ScheduleError(f"{k.name}: {s.param} holds {dtypes[s.param]}, and only float32 lanes are "
                                     f"vectorized")
-        for e in values(s) + ([s.index] if isinstance(s, Store) else []):
+        for e in expressions(s):
             for ld in loads(e):
-                _lane_stride(k, ld.param, ld.index)
+                lane_stride(k, ld.param, ld.index)
     new = dataclasses.replace(loop, extent=IConst(loop.extent.value // d.lanes), body=body, lanes=d.lanes)
     return replace(k.body, loop, (new,))
 
 
 def check_lanes(k: Kernel) -> None:
     """A complete schedule: every load in a vector loop is contiguous or a broadcast."""
-    for s in stmts(k.body):
-        if not isinstance(s, Loop) or not s.lanes:
+    for lp in loops(k.body):
+        if not lp.lanes:
             continue
-        for inner in stmts(s.body):
-            for e in values(inner) + ([inner.index] if isinstance(inner, Store) else []):
-                for ld in loads(e):
-                    stride = _lane_stride(k, ld.param, ld.index)
-                    if stride not in (0, 1):
-                        raise ScheduleError(f"{k.name}: the lanes of {s.var!r} read {ld.param} with stride "
-                                            f"{stride}; Pack({ld.param}, ...) makes them contiguous")
+        for ld in loads(lp.body):
+            stride = lane_stride(k, ld.param, ld.index)
+            if stride not in (0, 1):
+                raise ScheduleError(f"{k.name}: the lanes of {lp.var!r} read {ld.param} with stride "
+                                    f"{stride}; Pack({ld.param}, ...) makes them contiguous")

@@ -1,0 +1,39 @@
+"""Applying a schedule: each directive's rewrite in order, then the checks a complete schedule
+must pass."""
+from __future__ import annotations
+
+import dataclasses
+
+from ..loopir.ir import Kernel
+from .directives import Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam, Vectorize
+from .loops import parallel, reorder, split, unroll, unroll_jam
+from .pack import pack
+from .vector import check_lanes, vectorize
+
+RULES = {Split: split, Reorder: reorder, Unroll: unroll, UnrollJam: unroll_jam, Vectorize: vectorize, Pack: pack,
+         Parallel: parallel}
+
+
+def apply(k: Kernel, schedule) -> Kernel:
+    """The kernel with the schedule's directives applied, in order."""
+    current = k
+    for d in schedule:
+        rule = RULES.get(type(d))
+        if rule is None:
+            raise ScheduleError(f"unknown schedule directive {d!r}")
+        current = dataclasses.replace(current, body=rule(current, d))
+    check_lanes(current)
+    return dataclasses.replace(current, schedule=tuple(schedule), lowered=k.lowered or k.body)
+
+
+def is_legal(k: Kernel, schedule) -> bool:
+    try:
+        apply(k, schedule)
+    except ScheduleError:
+        return False
+    return True
+
+
+def first_legal(k: Kernel, candidates) -> tuple:
+    """The first candidate schedule that applies to k; () if none does."""
+    return next((tuple(s) for s in candidates if is_legal(k, s)), ())

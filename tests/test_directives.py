@@ -1,0 +1,228 @@
+"""Each schedule directive as a rewrite of the loop IR: what it does (the loop IR before and after,
+as text), each refusal (one test each), and the recipes' choices. No C is compiled here; the
+bitwise runs of these schedules are in test_schedules.py."""
+import pytest
+
+from nanocompile.codegen.render import render_tree
+from nanocompile.compiler import compile_model
+from nanocompile.ir import SEQ
+from nanocompile.loopir.ir import (Acc, AccInit, AccUpdate, Bin, FConst, IConst, Kernel, Load, Loop, Param, Store,
+                                   Var, format_kernel)
+from nanocompile.schedule import (Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam, Vectorize,
+                                  apply)
+
+from helpers import graph_kernels, make_graph, target_lanes, target_level, tiny_config
+
+
+def matmul_kernel():
+    """x[seq, 6] @ W[16, 6]^T, fused, unscheduled."""
+    g = make_graph("mm", lambda b: b.matmul(b.input("x", [SEQ, 6]), b.permute(b.weight("w", [16, 6]), [1, 0])))
+    return next(iter(graph_kernels(g).values()))
+
+
+def body(k) -> str:
+    """The kernel's loop IR below its name and schedule lines."""
+    return "\n".join(line for line in format_kernel(k).splitlines()[1:] if not line.startswith("  schedule:"))
+
+
+LOWERED = """\
+  for i0 in 0..seq:
+    for i1 in 0..16:
+      acc: f32 = 0.0
+      reduce k in 0..6:
+        acc = (acc + (p1[((i0 * 6) + k)] * p2[(k + (i1 * 6))]))
+      p0[((i0 * 16) + i1)] = acc"""
+
+STRUCTURE = {
+    "split": ((Split("i0", 4),), """\
+  for i0o in 0..(seq / 4):
+    for i0i in 0..4:
+      for i1 in 0..16:
+        acc: f32 = 0.0
+        reduce k in 0..6:
+          acc = (acc + (p1[((((i0o * 4) + i0i) * 6) + k)] * p2[(k + (i1 * 6))]))
+        p0[((((i0o * 4) + i0i) * 16) + i1)] = acc
+  for i0t in 0..(seq % 4):
+    for i1 in 0..16:
+      acc: f32 = 0.0
+      reduce k in 0..6:
+        acc = (acc + (p1[(((((seq / 4) * 4) + i0t) * 6) + k)] * p2[(k + (i1 * 6))]))
+      p0[(((((seq / 4) * 4) + i0t) * 16) + i1)] = acc"""),
+    "reorder": ((Reorder("i0", "i1"),), """\
+  for i1 in 0..16:
+    for i0 in 0..seq:
+      acc: f32 = 0.0
+      reduce k in 0..6:
+        acc = (acc + (p1[((i0 * 6) + k)] * p2[(k + (i1 * 6))]))
+      p0[((i0 * 16) + i1)] = acc"""),
+    "unroll": ((Unroll("i1", 2),), """\
+  for i0 in 0..seq:
+    for i1 in 0..8 x2:
+      acc_0: f32 = 0.0
+      reduce k in 0..6:
+        acc_0 = (acc_0 + (p1[((i0 * 6) + k)] * p2[(k + ((i1 * 2) * 6))]))
+      p0[((i0 * 16) + (i1 * 2))] = acc_0
+      acc_1: f32 = 0.0
+      reduce k in 0..6:
+        acc_1 = (acc_1 + (p1[((i0 * 6) + k)] * p2[(k + (((i1 * 2) + 1) * 6))]))
+      p0[((i0 * 16) + ((i1 * 2) + 1))] = acc_1"""),
+    "unroll_jam": ((UnrollJam("i1", 2),), """\
+  for i0 in 0..seq:
+    for i1 in 0..8 x2:
+      acc_0: f32 = 0.0
+      acc_1: f32 = 0.0
+      reduce k in 0..6:
+        acc_0 = (acc_0 + (p1[((i0 * 6) + k)] * p2[(k + ((i1 * 2) * 6))]))
+        acc_1 = (acc_1 + (p1[((i0 * 6) + k)] * p2[(k + (((i1 * 2) + 1) * 6))]))
+      p0[((i0 * 16) + (i1 * 2))] = acc_0
+      p0[((i0 * 16) + ((i1 * 2) + 1))] = acc_1"""),
+    "vectorize_pack": ((Vectorize("i1", 8), Pack("p2", 6, 8)), """\
+  for i0 in 0..seq:
+    vector(8) for i1 in 0..2:
+      acc: f32 = 0.0
+      reduce k in 0..6:
+        acc = (acc + (p1[((i0 * 6) + k)] * p2[(((i1 * 48) + (k * 8)) + lane)]))
+      p0[((i0 * 16) + ((i1 * 8) + lane))] = acc"""),
+    "parallel": ((Parallel("i1"),), """\
+  for i0 in 0..seq:
+    parallel for i1 in 0..16:
+      acc: f32 = 0.0
+      reduce k in 0..6:
+        acc = (acc + (p1[((i0 * 6) + k)] * p2[(k + (i1 * 6))]))
+      p0[((i0 * 16) + i1)] = acc"""),
+}
+
+
+def test_lowering_types_its_loops():
+    k = matmul_kernel()
+    assert body(k) == LOWERED
+    assert [(lp.var, lp.role) for lp in (k.body[0], k.body[0].body[0], k.body[0].body[0].body[1])] == \
+        [("i0", "output"), ("i1", "output"), ("k", "reduction")]
+
+
+@pytest.mark.parametrize("name", sorted(STRUCTURE))
+def test_directive_rewrites_the_loop_ir(name):
+    schedule, expected = STRUCTURE[name]
+    k = apply(matmul_kernel(), schedule)
+    assert body(k) == expected
+    assert k.schedule == schedule and body(Kernel(k.name, k.op, k.params, k.lowered)) == LOWERED
+
+
+# refusals: one test each -------------------------------------------------------------------------
+
+VECTOR_CFG = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=96, layers=2, vocab=176, tied=True)
+
+
+def kernel(prefix, **cfg):
+    m = compile_model(tiny_config(**cfg), schedule=False)
+    return next(k for k in m.kernels.values() if k.name.startswith(prefix))
+
+
+def carry_kernel():
+    """A hand-written kernel whose output loop carries a sum: its lanes would carry it."""
+    return Kernel("carry", "sum", (Param("p0", "f32", "write"), Param("p1", "f32", "read")),
+                  (AccInit("acc", "f32", FConst(0.0)),
+                   Loop("i0", IConst(32), (AccUpdate("acc", Bin("+", Acc("acc"), Load("p1", Var("i0")))),
+                                           Store("p0", Var("i0"), Acc("acc"))))))
+
+
+def lane_arithmetic_kernel():
+    """A position computed from the column: integer arithmetic that differs between lanes."""
+    return Kernel("iota", "cast", (Param("p0", "f32", "write"),),
+                  (Loop("i0", IConst(32), (Store("p0", Var("i0"), Bin("*", Var("i0"), FConst(1.0))),)),))
+
+
+MM, RMS, QPROJ, ROPE = ("matmul2_exp_mul", {}), ("rowreduce_sqrt_mul", {}), ("matmul_add_seqx64", VECTOR_CFG), \
+    ("select_add", VECTOR_CFG)
+
+REFUSALS = {
+    "parallel reduction loop": (MM, (Parallel("k"),), "carries the reduction 'acc'"),
+    "parallel missing loop": (MM, (Parallel("i7"),), "no loop 'i7'"),
+    "parallel nested": (MM, (Parallel("i0"), Parallel("i1")), "nested in or around another parallel loop"),
+    "parallel row reduction": (RMS, (Parallel("r"),), "carries the reduction"),
+    "unknown directive": (RMS, ("vectorize",), "unknown schedule directive"),
+    "unroll-jam reduction loop": (MM, (UnrollJam("k", 2),), "is a reduction loop"),
+    "unroll-jam non-multiple": (MM, (UnrollJam("i1", 5),), "72 iterations is not a multiple of 5"),
+    "unroll-jam without one reduction": (RMS, (UnrollJam("i1", 2),), "exactly one reduction loop"),
+    "unroll-jam symbolic": (RMS, (UnrollJam("i0", 2),), "a symbolic number of iterations"),
+    "unroll reduction loop": (RMS, (Unroll("r", 2),), "'r' is a reduction loop; unrolling it would reorder a sum"),
+    "unroll non-multiple": (MM, (Unroll("i1", 5),), "is not a multiple of 5; Split it first"),
+    "unroll after parallel": (MM, (Parallel("i1"), Unroll("i1", 2)), "already parallel; Unroll comes before Parallel"),
+    "vectorize reduction loop": (QPROJ, (Vectorize("k", 16),), "'k' is a reduction loop; its lanes would carry"),
+    "vectorize unknown width": (QPROJ, (Vectorize("i1", 12),), "12 lanes"),
+    "vectorize symbolic": (QPROJ, (Vectorize("i0", 16),), "'i0' of a symbolic number of iterations is not a multiple"),
+    "vectorize strided load": (QPROJ, (Vectorize("i1", 16),), r"read p2 with stride 64; Pack\(p2, ...\) makes"),
+    "pack output": (QPROJ, (Vectorize("i1", 16), Pack("p0", 64, 16)), "only float32 weights the kernel reads"),
+    "pack across rows": (QPROJ, (Vectorize("i1", 16), Pack("p2", 32, 16)), "read across rows of 32"),
+    "pack partial vectors": (QPROJ, (Vectorize("i1", 16), Pack("p2", 64, 24)), "blocks of 24 rows do not hold whole"),
+    "vectorize nested": (QPROJ, (Vectorize("i1", 16), Pack("p2", 64, 16), Split("i0", 16), Vectorize("i0i", 16)),
+                         "nested in or around another vectorized loop"),
+    "reorder reduction loop": (QPROJ, (Reorder("i1", "k"),), "'k' is a reduction loop; reordering it would"),
+    "reorder imperfect nest": (("rowreduce_sqrt_mul", VECTOR_CFG), (Reorder("i0", "i1"),), "must hold only loop 'i1'"),
+    "split reduction loop": (QPROJ, (Split("k", 4),), "is a reduction loop; splitting it would reorder a sum"),
+    "split after parallel": (QPROJ, (Parallel("i1"), Split("i1", 4)), "already parallel; Split comes before"),
+    "vectorize lane-dependent select": (ROPE, (Vectorize("i2", 16),), "select on a lane-dependent condition"),
+    "vectorize carried value": (carry_kernel, (Vectorize("i0", 16),), "carries 'acc' from one iteration to the"),
+    "vectorize lane arithmetic": (lane_arithmetic_kernel, (Vectorize("i0", 16),),
+                                  "integer arithmetic that differs between lanes"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_refusal(case):
+    source, schedule, message = REFUSALS[case]
+    k = source() if callable(source) else kernel(source[0], **source[1])
+    with pytest.raises(ScheduleError, match=message):
+        apply(k, schedule)
+
+
+# the recipes -------------------------------------------------------------------------------------
+
+def test_schedule_is_printed_above_the_kernel():
+    """The recipe for the target this suite builds for, as C comments: SwiGLU's 72 columns are
+    whole vectors of AVX2's 8 lanes but not of AVX-512's 16."""
+    module = compile_model(tiny_config(ffn=72))
+    c = render_tree(module)["model.c"]
+    k = next(k for k in module.kernels.values() if k.name.startswith("matmul2_exp_mul"))
+    assert k.schedule and f" *   schedule: {', '.join(str(d) for d in k.schedule)}" in c
+    assert "nc_split(" in c
+    lanes = target_lanes()
+    vectorized = bool(lanes) and 72 % lanes == 0
+    assert (Vectorize("i1", lanes) in k.schedule) == vectorized, (lanes, k.schedule)
+    if not vectorized:
+        assert k.schedule == (UnrollJam("i1", 8), Parallel("i1"))
+
+
+def test_default_recipe_parallelizes_every_large_kernel():
+    m = compile_model(tiny_config(hidden=64, ffn=256, vocab=512))
+    for k in m.kernels.values():
+        if k.name.startswith(("matmul", "rowreduce")):
+            assert any(isinstance(d, Parallel) for d in k.schedule), k.name
+
+
+@pytest.mark.parametrize("march, lanes", [("x86-64-v4", 16), ("x86-64-v3", 8)])
+def test_recipes_vectorize_pack_and_tile_the_projections(march, lanes):
+    """Compiling for a level needs no CPU of that level: both recipes are checked everywhere."""
+    m = compile_model(tiny_config(**VECTOR_CFG), march=march)
+    by_name = {k.name: k for k in m.kernels.values()}
+    projections = [k for n, k in by_name.items() if n.startswith("matmul") and any(isinstance(d, Pack)
+                                                                                for d in k.schedule)]
+    assert len(projections) >= 5, list(by_name)
+    assert all(Vectorize("i1", lanes) in k.schedule for k in projections)
+    packed = {w.name: w.packed for w in m.weights}
+    assert packed["model.layers.0.mlp.down_proj.weight"][0] == 96
+    assert packed["model.embed_tokens.weight"], "the tied embedding is packed for the logits"
+    assert [d for d in by_name["gather_seqx64"].schedule if isinstance(d, Pack)], "the gather reads it packed"
+    assert f"nc_load{lanes}(" in render_tree(m)["model.c"]
+
+
+def test_target_level_can_be_forced(monkeypatch):
+    """NANOCOMPILE_MARCH builds for a lower level than the CPU's: how the suite runs AVX2 code here."""
+    monkeypatch.setenv("NANOCOMPILE_MARCH", "x86-64-v3")
+    if target_level() != "x86-64-v3":
+        pytest.fail(f"NANOCOMPILE_MARCH=x86-64-v3 gave {target_level()}")
+    assert compile_model(tiny_config()).march == "x86-64-v3"
+    monkeypatch.setenv("NANOCOMPILE_MARCH", "x86-64-v9")
+    with pytest.raises(ValueError, match="unknown x86-64 level"):
+        compile_model(tiny_config())
+
