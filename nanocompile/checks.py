@@ -6,6 +6,8 @@ import numpy as np
 
 from .errors import InputError
 from .frontend.config import Qwen2Config
+from .frontend.qwen2 import PRECISIONS, quantized_weights
+from .quantize import Int8Weights
 
 
 def check_tokens(tokens, vocab_size: int) -> np.ndarray:
@@ -27,3 +29,16 @@ def check_n_ctx(n_ctx: int, cfg: Qwen2Config) -> int:
     if n_ctx > cfg.max_position_embeddings:
         raise InputError(f"context size {n_ctx} exceeds the model's maximum of {cfg.max_position_embeddings}")
     return n_ctx
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise InputError(f"precision {precision!r} is not supported (choose from {', '.join(PRECISIONS)})")
+    return precision
+
+
+def weights_in(precision: str, cfg: Qwen2Config, weights):
+    """The weights as a precision's graph reads them (int8: quantized as they are asked for)."""
+    if precision == "int8" and not isinstance(weights, Int8Weights):
+        return Int8Weights(weights, quantized_weights(cfg))
+    return weights

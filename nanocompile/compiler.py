@@ -213,8 +213,6 @@ def resolve_options(options: Options) -> tuple[Options, list[str]]:
 
 def compile_program(program: StepProgram, options: Options = Options(), dump_after: str | None = None,
                     out: Callable[[str], None] = print) -> Module:
-    if options.precision != "f32":
-        raise ValueError(f"precision {options.precision!r} is not supported yet (f32)")
     options, isa = resolve_options(options)
     c = run_pipeline(program, options, dump_after, out)
     consts = {}
@@ -229,7 +227,7 @@ def compile_model(cfg: Qwen2Config, precision: str = "f32", max_chunk: int = DEF
                   dump_after: str | None = None, out: Callable[[str], None] = print) -> Module:
     """A Qwen2 config, compiled: the frontend's step program through compile_program."""
     options = Options(precision=precision, max_chunk=max_chunk, march=march, fuse=fuse, schedule=schedule)
-    return compile_program(qwen2_program(cfg), options, dump_after, out)
+    return compile_program(qwen2_program(cfg, precision), options, dump_after, out)
 
 
 def count_calls(module: Module, variant: str = "last") -> dict:

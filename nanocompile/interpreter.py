@@ -12,8 +12,9 @@ import numpy as np
 
 from .ir.expr import evaluate_shape, shape_str
 from .ir.graph import Graph, Node
+from .ir.ops import QBLOCK
 
-NP_DTYPES = {"f32": np.float32, "i32": np.int32, "bool": np.bool_}
+NP_DTYPES = {"f32": np.float32, "i32": np.int32, "bool": np.bool_, "i8": np.int8, "f16": np.float16}
 
 
 class InterpreterError(RuntimeError):
@@ -65,13 +66,31 @@ def evaluate_node(node: Node, vals: list, env: Mapping[str, int], inputs, weight
     if op == "exp": return np.exp(x[0])
     if op == "sin": return np.sin(x[0])
     if op == "cos": return np.cos(x[0])
+    if op == "rint": return np.rint(x[0])
     if op == "where": return np.where(x[0], x[1], x[2])
     if op == "less_equal": return x[0] <= x[1]
     if op == "reduce_sum": return np.sum(x[0], axis=a["axis"], keepdims=True)
     if op == "reduce_max": return np.max(x[0], axis=a["axis"], keepdims=True)
     if op == "matmul": return np.matmul(x[0], x[1])
+    if op == "block_matmul": return block_matmul(*x)
     if op == "cast": return x[0].astype(NP_DTYPES[a["dtype"]])
     raise InterpreterError(f"%{node.id}: no meaning defined for primitive {op!r}")
+
+
+def block_matmul(xq: np.ndarray, xd: np.ndarray, wq: np.ndarray, wd: np.ndarray) -> np.ndarray:
+    """y[m, n] = sum over blocks b, in order from 0.0, of float32(isum) * (xd[m, b] * float32(wd[n, b])),
+    where isum = sum over the block's 32 k of xq[m, k] * wq[n, k], exact in int32. Each float32
+    operation is rounded on its own (no fused multiply-add)."""
+    m, k = xq.shape
+    blocks = k // QBLOCK
+    out = np.zeros((m, wq.shape[0]), np.float32)
+    for b in range(blocks):
+        cols = slice(b * QBLOCK, (b + 1) * QBLOCK)
+        # float64 products and sums of int8 values are exact: |isum| <= 32 * 128 * 128 < 2^53
+        isum = xq[:, cols].astype(np.float64) @ wq[:, cols].astype(np.float64).T
+        scale = xd[:, b:b + 1] * wd[:, b].astype(np.float32)[None, :]
+        out = out + isum.astype(np.float32) * scale
+    return out
 
 
 def check_feeds(graph: Graph, env: Mapping[str, int], inputs: Mapping[str, np.ndarray],
@@ -100,7 +119,7 @@ def run(graph: Graph, env: Mapping[str, int], inputs: Mapping[str, np.ndarray],
     keep = {graph.outputs[name] for name in wanted}
     vals: list = [None] * len(graph.nodes)
     # exp of a large argument overflows to inf by definition (IEEE), not by accident
-    with np.errstate(over="ignore", under="ignore"):
+    with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
         for node in graph.nodes:
             value = evaluate_node(node, vals, env, inputs, weights)
             value = np.asarray(value)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .build import find_or_build
-from .checks import check_n_ctx, check_tokens
+from .checks import check_n_ctx, check_precision, check_tokens, weights_in
 from .compiler import Module, compile_model
 from .errors import ContextFullError, InputError, ModelError, NanocompileError
 from .frontend.config import Qwen2Config
@@ -92,7 +92,7 @@ class CompiledSession:
     def __init__(self, config: Qwen2Config, weights: dict[str, np.ndarray], n_ctx: int = 4096, threads: int = 1,
                  weights_key: str | None = None, progress: bool = False, library: tuple[Path, dict] | None = None,
                  packed_path: Path | None = None, fuse: bool = True, schedule: bool = True,
-                 march: str | None = None):
+                 march: str | None = None, precision: str = "f32"):
         """weights_key names the weights' source (see models.cache.source_key): with it, the packed
         weights file is kept in the cache for the next run; without, it lives as long as the session.
         fuse=False builds the unfused library (one kernel per primitive): fusion's baseline;
@@ -100,7 +100,8 @@ class CompiledSession:
         x86-64 level than this CPU's (x86-64-v3: AVX2 code on an AVX-512 machine)."""
         self.config = config
         self.n_ctx = check_n_ctx(n_ctx, config)
-        self.module = compile_model(config, fuse=fuse, schedule=schedule, march=march)
+        self.precision = check_precision(precision)
+        self.module = compile_model(config, precision, fuse=fuse, schedule=schedule, march=march)
         lib_path, manifest = library or find_or_build(self.module, _say if progress else None)
         self.lib = Library(lib_path, manifest["prefix"])
         check_fingerprint(self.lib, self.module)
@@ -114,7 +115,8 @@ class CompiledSession:
         if not packed_path.exists():
             bar = progress_bar(self.module.weights_bytes, "packing weights") if progress else None
             try:
-                pack_weights(self.module, weights, packed_path, bar.update if bar else None)
+                pack_weights(self.module, weights_in(precision, config, weights), packed_path,
+                             bar.update if bar else None)
             finally:
                 if bar:
                     bar.close()

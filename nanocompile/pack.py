@@ -18,7 +18,8 @@ MAGIC = b"NCWEIGHT"
 VERSION = 1
 HEADER_BYTES = 4096
 WEIGHT_ALIGN = 64
-DTYPE_BYTES = {"f32": 4}
+DTYPE_BYTES = {"f32": 4, "i8": 1, "f16": 2}
+NP_DTYPES = {"f32": np.float32, "i8": np.int8, "f16": np.float16}
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class WeightSlot:
     offset: int       # bytes from the start of the packed file
     nbytes: int
     packed: tuple = ()  # (row, block): stored in the blocked layout schedule.Pack reads; () row-major
+    dtype: str = "f32"
 
     @property
     def buffer(self) -> str:
@@ -41,7 +43,8 @@ def weight_layout(signature: Signature, packed: dict[str, tuple]) -> list[Weight
     slots, offset = [], HEADER_BYTES
     for w in signature.weights:
         nbytes = int(np.prod(w.shape)) * DTYPE_BYTES[w.dtype]
-        slots.append(WeightSlot(w.name, w.cname, tuple(w.shape), offset, nbytes, packed.get(weight_buffer(w.cname), ())))
+        slots.append(WeightSlot(w.name, w.cname, tuple(w.shape), offset, nbytes, packed.get(weight_buffer(w.cname), ()),
+                                w.dtype))
         offset += (nbytes + WEIGHT_ALIGN - 1) // WEIGHT_ALIGN * WEIGHT_ALIGN
     return slots
 
@@ -61,7 +64,7 @@ def pack_weights(module, weights: dict[str, np.ndarray], dest: Path, progress=No
             for slot in module.weights:
                 if slot.name not in weights:
                     raise ModelError(f"weight {slot.name!r} is missing")
-                array = np.ascontiguousarray(weights[slot.name], dtype=np.float32)
+                array = np.ascontiguousarray(weights[slot.name], dtype=NP_DTYPES[slot.dtype])
                 if array.shape != slot.shape:
                     raise ModelError(f"weight {slot.name!r} has shape {list(array.shape)}, the library "
                                      f"expects {list(slot.shape)}")

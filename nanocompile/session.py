@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import interpreter
-from .checks import check_n_ctx, check_tokens
+from .checks import check_n_ctx, check_precision, check_tokens, weights_in
 from .errors import ContextFullError, InputError
 from .frontend.config import Qwen2Config
 from .frontend.qwen2 import build_qwen2, cache_names
@@ -21,12 +21,14 @@ class InterpreterSession:
 
     backend_name = "interp"
 
-    def __init__(self, config: Qwen2Config, weights: dict[str, np.ndarray], n_ctx: int = 4096):
+    def __init__(self, config: Qwen2Config, weights: dict[str, np.ndarray], n_ctx: int = 4096,
+                 precision: str = "f32"):
         self.config = config
         self.n_ctx = check_n_ctx(n_ctx, config)
-        self.weights = weights
+        self.precision = check_precision(precision)
+        self.weights = dict(weights_in(precision, config, weights))
         self._run = interpreter.run
-        self._graphs = {False: build_qwen2(config, logits="last"), True: build_qwen2(config, logits="all")}
+        self._graphs = {False: build_qwen2(config, "last", precision), True: build_qwen2(config, "all", precision)}
         self.reset()
 
     def reset(self) -> None:
@@ -53,11 +55,12 @@ class InterpreterSession:
 BACKENDS = ("compiled", "interp")
 
 
-def open_session(model, backend: str = "compiled", n_ctx: int = 4096, threads: int = 1, progress: bool = False):
+def open_session(model, backend: str = "compiled", n_ctx: int = 4096, threads: int = 1, progress: bool = False,
+                 precision: str = "f32"):
     """A session on a LoadedModel: the compiled library (default) or the NumPy interpreter."""
     if backend == "interp":
-        return InterpreterSession(model.config, model.weights, n_ctx=n_ctx)
+        return InterpreterSession(model.config, model.weights, n_ctx=n_ctx, precision=precision)
     if backend == "compiled":
         return CompiledSession(model.config, model.weights, n_ctx=n_ctx, threads=threads,
-                               weights_key=model.key, progress=progress)
+                               weights_key=model.key, progress=progress, precision=precision)
     raise InputError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")

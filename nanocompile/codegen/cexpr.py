@@ -12,8 +12,8 @@ from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, Cast, FConst, IConst, Lan
 from ..loopir.traverse import statements as all_statements
 from ..loopir.traverse import walk
 
-C_TYPES = {"f32": "float", "i32": "int32_t", "bool": "uint8_t", "i64": "int64_t"}
-UNARY = {"sqrt": "sqrtf", "exp": "expf", "sin": "sinf", "cos": "cosf"}
+C_TYPES = {"f32": "float", "i32": "int32_t", "bool": "uint8_t", "i64": "int64_t", "i8": "int8_t", "f16": "_Float16"}
+UNARY = {"sqrt": "sqrtf", "exp": "expf", "sin": "sinf", "cos": "cosf", "rint": "rintf"}
 
 
 def float_literal(value: float) -> str:

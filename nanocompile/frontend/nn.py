@@ -10,6 +10,7 @@ import numpy as np
 
 from ..ir.expr import Expr
 from ..ir.graph import GraphBuilder
+from ..ir.ops import QBLOCK
 
 
 def fill(b: GraphBuilder, value: float, shape, dtype: str = "f32") -> int:
@@ -32,6 +33,54 @@ def linear(b: GraphBuilder, x: int, weight: int, bias: int | None = None) -> int
         rows, cols = b.shape(y)
         y = b.add(y, expand(b, bias, [1, cols], [rows, cols]))
     return y
+
+
+def padded(k: int) -> int:
+    """k rounded up to whole blocks of QBLOCK: a block-quantized row's stored length."""
+    return -(-k // QBLOCK) * QBLOCK
+
+
+def quantize_blocks(b: GraphBuilder, x: int) -> tuple[int, int]:
+    """x f32[rows, K] -> (xq i8[rows, Kp], xd f32[rows, Kp / 32]), per row in blocks of 32 along K
+    (K padded with zeros to Kp, a multiple of 32: a shorter last block, since zeros add nothing
+    to a block's dot product and cannot raise its maximum). Per block: amax = max |x|,
+    xd = amax / 127, and xq = rint(x * (127 / amax)) rounded half to even (0 where amax = 0)."""
+    rows, k = b.shape(x)
+    kp = padded(k.as_int())
+    if kp > k.as_int():
+        x = b.concat([x, fill(b, 0.0, [rows, kp - k.as_int()])], 1)
+    shape, per_block = [rows, kp // QBLOCK, QBLOCK], [rows, kp // QBLOCK, 1]
+    blocks = b.reshape(x, shape)
+    magnitude = b.where(b.less_equal(blocks, fill(b, 0.0, shape)), b.neg(blocks), blocks)
+    amax = b.reduce_max(magnitude, 2)
+    scale = b.div(amax, fill(b, 127.0, per_block))
+    inverse = b.where(b.less_equal(amax, fill(b, 0.0, per_block)), fill(b, 0.0, per_block),
+                      b.div(fill(b, 127.0, per_block), amax))
+    q = b.cast(b.rint(b.mul(blocks, b.broadcast(inverse, shape))), "i8")
+    return b.reshape(q, [rows, kp]), b.reshape(scale, [rows, kp // QBLOCK])
+
+
+def linear_q8(b: GraphBuilder, x: int, qs: int, d: int, bias: int | None = None) -> int:
+    """x @ W.T (+ bias) with W in blocks of 32 int8 values and a float16 scale each (Q8_0's
+    numbers): the activations quantized per row in blocks of 32, each block's products summed
+    exactly in int32, then scaled and summed over blocks in float32 (block_matmul)."""
+    xq, xd = quantize_blocks(b, x)
+    y = b.block_matmul(xq, xd, qs, d)
+    if bias is not None:
+        rows, cols = b.shape(y)
+        y = b.add(y, expand(b, bias, [1, cols], [rows, cols]))
+    return y
+
+
+def gather_q8(b: GraphBuilder, qs: int, d: int, ids: int, width: int) -> int:
+    """Rows of a block-quantized table, dequantized: float32(q) * float32(d) of its block."""
+    seq = b.shape(ids)[0]
+    kp = padded(width)
+    rows = b.cast(b.gather(qs, ids), "f32")
+    scales = b.reshape(b.cast(b.gather(d, ids), "f32"), [seq, kp // QBLOCK, 1])
+    scales = b.reshape(b.broadcast(scales, [seq, kp // QBLOCK, QBLOCK]), [seq, kp])
+    x = b.mul(rows, scales)
+    return x if kp == width else b.slice(x, 1, 0, width)
 
 
 def rms_norm(b: GraphBuilder, x: int, gain: int, eps: float) -> int:

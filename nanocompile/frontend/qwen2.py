@@ -14,6 +14,7 @@ import numpy as np
 
 from ..ir.expr import Expr
 from ..ir.graph import Graph, GraphBuilder
+from ..ir.ops import QBLOCK
 from ..signature import VARIANTS, Signature, State, StepInput, StepOutput, StepProgram, WeightSpec, identifier
 from . import nn
 from .config import Qwen2Config, weight_shapes
@@ -21,17 +22,60 @@ from .config import Qwen2Config, weight_shapes
 LOGITS = VARIANTS
 
 
-def build_qwen2(cfg: Qwen2Config, logits: str = "last") -> Graph:
+PRECISIONS = ("f32", "int8")
+
+
+def quantized_weights(cfg: Qwen2Config) -> set[str]:
+    """The weights int8 stores in blocks (every projection and the embedding); norms and
+    biases stay float32."""
+    return {name for name, shape in weight_shapes(cfg).items() if len(shape) == 2}
+
+
+def weight_specs(cfg: Qwen2Config, precision: str = "f32") -> dict[str, tuple[tuple[int, ...], str]]:
+    """Every weight the graph reads: name -> (shape, dtype). int8 stores a [N, K] weight as
+    name.qs i8[N, Kp] and name.d f16[N, Kp / 32] (K padded with zeros to whole blocks)."""
+    out = {}
+    quantized = quantized_weights(cfg) if precision == "int8" else set()
+    for name, shape in weight_shapes(cfg).items():
+        if name in quantized:
+            n, k = shape
+            out[name + ".qs"] = ((n, nn.padded(k)), "i8")
+            out[name + ".d"] = ((n, nn.padded(k) // QBLOCK), "f16")
+        else:
+            out[name] = (tuple(shape), "f32")
+    return out
+
+
+def build_qwen2(cfg: Qwen2Config, logits: str = "last", precision: str = "f32") -> Graph:
     if logits not in LOGITS:
         raise ValueError(f"logits must be one of {LOGITS}, got {logits!r}")
-    b = GraphBuilder(f"qwen2_logits_{logits}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    b = GraphBuilder(f"qwen2_logits_{logits}" + ("" if precision == "f32" else f"_{precision}"))
+    specs, made = weight_specs(cfg, precision), {}
+
+    def weight(name):
+        """The weight's node, made on first use (a tied embedding is read twice)."""
+        if name not in made:
+            shape, dtype = specs[name]
+            made[name] = b.weight(name, shape, dtype)
+        return made[name]
+
+    def linear(x, name, bias=None):
+        """x @ W.T (+ bias) for the weight called name, in the precision's form."""
+        if precision == "int8":
+            return nn.linear_q8(b, x, weight(name + ".qs"), weight(name + ".d"), bias)
+        return nn.linear(b, x, weight(name), bias)
+
     seq, past = Expr.sym("seq"), Expr.sym("past")
     h, d = cfg.hidden_size, cfg.head_dim
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
 
     tokens = b.input("tokens", [seq], "i32")
-    embed = b.weight("model.embed_tokens.weight", [cfg.vocab_size, h])
-    x = b.gather(embed, tokens)
+    if precision == "int8":
+        x = nn.gather_q8(b, weight("model.embed_tokens.weight.qs"), weight("model.embed_tokens.weight.d"), tokens, h)
+    else:
+        x = b.gather(weight("model.embed_tokens.weight"), tokens)
     with b.scope("rope"):
         cos, sin = nn.rope_tables(b, d, cfg.rope_theta)
         mask = nn.causal_mask(b)
@@ -39,16 +83,13 @@ def build_qwen2(cfg: Qwen2Config, logits: str = "last") -> Graph:
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
 
-        def w(name, shape):
-            return b.weight(p + name, shape)
-
         with b.scope(f"layers.{i}"):
             with b.scope("attn"):
-                hn = nn.rms_norm(b, x, w("input_layernorm.weight", [h]), cfg.rms_norm_eps)
+                hn = nn.rms_norm(b, x, weight(p + "input_layernorm.weight"), cfg.rms_norm_eps)
                 proj = {}
                 for name, width in (("q", heads * d), ("k", kv_heads * d), ("v", kv_heads * d)):
-                    bias = w(f"self_attn.{name}_proj.bias", [width]) if cfg.qkv_bias else None
-                    y = nn.linear(b, hn, w(f"self_attn.{name}_proj.weight", [width, h]), bias)
+                    bias = weight(p + f"self_attn.{name}_proj.bias") if cfg.qkv_bias else None
+                    y = linear(hn, p + f"self_attn.{name}_proj.weight", bias)
                     n_heads = width // d
                     proj[name] = b.permute(b.reshape(y, [seq, n_heads, d]), [1, 0, 2])
                 q = nn.apply_rope(b, proj["q"], cos, sin)
@@ -59,13 +100,12 @@ def build_qwen2(cfg: Qwen2Config, logits: str = "last") -> Graph:
                 b.output(f"cache.{i}.v", v_all)
                 context = nn.attention(b, q, k_all, v_all, mask, kv_heads)
                 context = b.reshape(b.permute(context, [1, 0, 2]), [seq, heads * d])
-                x = b.add(x, nn.linear(b, context, w("self_attn.o_proj.weight", [h, heads * d])))
+                x = b.add(x, linear(context, p + "self_attn.o_proj.weight"))
             with b.scope("mlp"):
-                hn = nn.rms_norm(b, x, w("post_attention_layernorm.weight", [h]), cfg.rms_norm_eps)
-                ffn = cfg.intermediate_size
-                gate = nn.linear(b, hn, w("mlp.gate_proj.weight", [ffn, h]))
-                up = nn.linear(b, hn, w("mlp.up_proj.weight", [ffn, h]))
-                down = nn.linear(b, b.mul(nn.silu(b, gate), up), w("mlp.down_proj.weight", [h, ffn]))
+                hn = nn.rms_norm(b, x, weight(p + "post_attention_layernorm.weight"), cfg.rms_norm_eps)
+                gate = linear(hn, p + "mlp.gate_proj.weight")
+                up = linear(hn, p + "mlp.up_proj.weight")
+                down = linear(b.mul(nn.silu(b, gate), up), p + "mlp.down_proj.weight")
                 x = b.add(x, down)
 
     if logits == "none":
@@ -73,9 +113,9 @@ def build_qwen2(cfg: Qwen2Config, logits: str = "last") -> Graph:
     with b.scope("head"):
         if logits == "last":
             x = b.slice(x, 0, seq - 1, seq)  # rows are independent from here on
-        x = nn.rms_norm(b, x, b.weight("model.norm.weight", [h]), cfg.rms_norm_eps)
-        head = embed if cfg.tie_word_embeddings else b.weight("lm_head.weight", [cfg.vocab_size, h])
-        b.output("logits", nn.linear(b, x, head))
+        x = nn.rms_norm(b, x, weight("model.norm.weight"), cfg.rms_norm_eps)
+        head = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+        b.output("logits", linear(x, head))
     return b.finish()
 
 
@@ -88,12 +128,13 @@ def weight_cname(name: str) -> str:
     return identifier(name.removeprefix("model.").replace("self_attn.", "").replace("mlp.", ""))
 
 
-def qwen2_signature(cfg: Qwen2Config) -> Signature:
+def qwen2_signature(cfg: Qwen2Config, precision: str = "f32") -> Signature:
     """Token ids in, each layer's K and V cache updated in place, logits out."""
     kv_row = cfg.num_key_value_heads * cfg.head_dim
     state = tuple(State(f"cache.{i}.{kv}", f"cache_{kv}", i, kv_row)
                   for i in range(cfg.num_hidden_layers) for kv in ("k", "v"))
-    weights = tuple(WeightSpec(name, tuple(shape), weight_cname(name)) for name, shape in weight_shapes(cfg).items())
+    weights = tuple(WeightSpec(name, shape, weight_cname(name), dtype)
+                    for name, (shape, dtype) in weight_specs(cfg, precision).items())
     description = (
         f"Qwen2: {cfg.num_hidden_layers} layers, width {cfg.hidden_size}, {cfg.num_attention_heads} query heads, "
         f"{cfg.num_key_value_heads} key/value heads of {cfg.head_dim},",
@@ -113,6 +154,6 @@ def canonical(cfg: Qwen2Config) -> Qwen2Config:
                                rope_theta=float(np.float32(cfg.rope_theta)))
 
 
-def qwen2_program(cfg: Qwen2Config) -> StepProgram:
+def qwen2_program(cfg: Qwen2Config, precision: str = "f32") -> StepProgram:
     cfg = canonical(cfg)
-    return StepProgram(qwen2_signature(cfg), {v: build_qwen2(cfg, logits=v) for v in VARIANTS})
+    return StepProgram(qwen2_signature(cfg, precision), {v: build_qwen2(cfg, v, precision) for v in VARIANTS})

@@ -106,7 +106,7 @@ class GraphBuilder:
         return self._add("weight", (), name=name, shape=shape_of(shape), dtype=dtype)
 
     def const(self, value, dtype: str = "f32") -> int:
-        np_dtype = {"f32": np.float32, "i32": np.int32, "bool": np.bool_}[dtype]
+        np_dtype = {"f32": np.float32, "i32": np.int32, "bool": np.bool_, "i8": np.int8, "f16": np.float16}[dtype]
         array = np.array(value, dtype=np_dtype)
         array.setflags(write=False)
         return self._add("const", (), value=array)
@@ -147,11 +147,15 @@ class GraphBuilder:
     def exp(self, x: int) -> int: return self._add("exp", (x,))
     def sin(self, x: int) -> int: return self._add("sin", (x,))
     def cos(self, x: int) -> int: return self._add("cos", (x,))
+    def rint(self, x: int) -> int: return self._add("rint", (x,))
     def where(self, c: int, a: int, b: int) -> int: return self._add("where", (c, a, b))
     def less_equal(self, a: int, b: int) -> int: return self._add("less_equal", (a, b))
     def reduce_sum(self, x: int, axis: int) -> int: return self._add("reduce_sum", (x,), axis=int(axis))
     def reduce_max(self, x: int, axis: int) -> int: return self._add("reduce_max", (x,), axis=int(axis))
     def matmul(self, a: int, b: int) -> int: return self._add("matmul", (a, b))
+
+    def block_matmul(self, xq: int, xd: int, wq: int, wd: int) -> int:
+        return self._add("block_matmul", (xq, xd, wq, wd))
     def cast(self, x: int, dtype: str) -> int: return self._add("cast", (x,), dtype=dtype)
 
     def output(self, name: str, x: int) -> None:

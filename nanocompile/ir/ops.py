@@ -11,7 +11,8 @@ from typing import Callable
 
 from .expr import Expr, product, shape_str
 
-DTYPES = ("f32", "i32", "bool")
+DTYPES = ("f32", "i32", "bool", "i8", "f16")
+QBLOCK = 32  # elements per block of a block-quantized matmul
 
 
 class IRError(ValueError):
@@ -43,7 +44,7 @@ infer_weight = infer_input
 
 def infer_const(args, attrs):
     value = attrs["value"]
-    dtype = {"float32": "f32", "int32": "i32", "bool": "bool"}.get(str(value.dtype))
+    dtype = {"float32": "f32", "int32": "i32", "bool": "bool", "int8": "i8", "float16": "f16"}.get(str(value.dtype))
     _expect(dtype is not None, f"const: unsupported numpy dtype {value.dtype}")
     return tuple(Expr.of(d) for d in value.shape), dtype
 
@@ -111,6 +112,7 @@ def infer_concat(args, attrs):
 
 def infer_gather(args, attrs):
     (table, tdtype), (index, idtype) = args
+    _expect(tdtype in ("f32", "i8", "f16"), f"gather: table dtype {tdtype} not supported (wants f32, i8, f16)")
     _expect(len(table) == 2, f"gather: table must be rank 2, got {shape_str(table)}")
     _expect(len(index) == 1 and idtype == "i32", f"gather: index must be i32 of rank 1, got {idtype}{shape_str(index)}")
     return (index[0], table[1]), tdtype
@@ -164,6 +166,22 @@ def infer_matmul(args, attrs):
     return a[:-1] + (b[-1],), "f32"
 
 
+def infer_block_matmul(args, attrs):
+    """xq i8[M, K] x wq i8[N, K] with their block scales xd f32[M, K/32], wd f16[N, K/32] -> f32[M, N]."""
+    (xq, xqt), (xd, xdt), (wq, wqt), (wd, wdt) = args
+    _expect((xqt, xdt, wqt, wdt) == ("i8", "f32", "i8", "f16"),
+            f"block_matmul: wants i8, f32, i8, f16 operands, got {xqt}, {xdt}, {wqt}, {wdt}")
+    _expect(len(xq) == len(xd) == len(wq) == len(wd) == 2, "block_matmul: operands must be rank 2")
+    k = xq[1]
+    _expect(k.is_const and k.as_int() % QBLOCK == 0,
+            f"block_matmul: the reduction length {k} must be a multiple of {QBLOCK} (pad it)")
+    blocks = Expr.of(k.as_int() // QBLOCK)
+    _expect(wq[1] == k, f"block_matmul: reduction lengths differ, {shape_str(xq)} and {shape_str(wq)}")
+    _expect(xd == (xq[0], blocks), f"block_matmul: activation scales {shape_str(xd)} should be [{xq[0]}, {blocks}]")
+    _expect(wd == (wq[0], blocks), f"block_matmul: weight scales {shape_str(wd)} should be [{wq[0]}, {blocks}]")
+    return (xq[0], wq[0]), "f32"
+
+
 def infer_cast(args, attrs):
     (shape, dtype), = args
     _expect(attrs["dtype"] in DTYPES, f"cast: unknown dtype {attrs['dtype']!r}")
@@ -195,16 +213,19 @@ PRIMITIVES: dict[str, tuple] = {
     "exp": (1, (), _unary("exp", ("f32",))),
     "sin": (1, (), _unary("sin", ("f32",))),
     "cos": (1, (), _unary("cos", ("f32",))),
+    "rint": (1, (), _unary("rint", ("f32",))),
     "where": (3, (), infer_where),
     "less_equal": (2, (), _binary("less_equal", NUM, result="bool")),
     "reduce_sum": (1, ("axis",), _reduce("reduce_sum")),
     "reduce_max": (1, ("axis",), _reduce("reduce_max")),
     "matmul": (2, (), infer_matmul),
+    "block_matmul": (4, (), infer_block_matmul),
     "cast": (1, ("dtype",), infer_cast),
 }
 
-ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "neg", "sqrt", "reciprocal", "exp", "sin", "cos",
+ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "neg", "sqrt", "reciprocal", "exp", "sin", "cos", "rint",
                          "where", "less_equal", "cast"})
+MATMULS = frozenset({"matmul", "block_matmul"})  # read their operands many times: operands get buffers
 MOVEMENT = frozenset({"reshape", "broadcast", "permute", "slice", "concat"})
 SOURCES = frozenset({"input", "weight", "const", "iota", "dim"})
 

@@ -229,7 +229,7 @@ class Program:
     consts: dict[str, object] = field(default_factory=dict)  # name -> numpy array
 
 
-DTYPE_BYTES = {"f32": 4, "i32": 4, "bool": 1}
+DTYPE_BYTES = {"f32": 4, "i32": 4, "bool": 1, "i8": 1, "f16": 2}
 
 
 # printer ----------------------------------------------------------------------------------------

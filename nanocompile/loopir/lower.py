@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..ir.expr import Expr, product
 from ..ir.graph import Graph, Node
-from ..ir.ops import MOVEMENT
+from ..ir.ops import MOVEMENT, QBLOCK
 from ..signature import Signature, identifier, weight_buffer
 from . import views as V
 from .ir import (OUTPUT, REDUCTION, Acc, AccInit, AccUpdate, Bin, Buffer, Call, Cast, FConst, IConst, Kernel,
@@ -26,7 +26,7 @@ from .ir import (OUTPUT, REDUCTION, Acc, AccInit, AccUpdate, Bin, Buffer, Call, 
 from .naming import kernel_name, slug
 from .traverse import free_vars
 
-UNARY = {"neg", "sqrt", "reciprocal", "exp", "sin", "cos"}
+UNARY = {"neg", "sqrt", "reciprocal", "exp", "sin", "cos", "rint"}
 BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "less_equal": "<="}
 
 
@@ -166,7 +166,7 @@ class KernelBody:
                 self.index.append(Var(f"i{a}"))
         self.stack = list(self.levels)
         self.memo: dict = {}
-        self.counter = {"k": 0, "r": 0, "acc": 0, "v": 0}
+        self.counter = {"k": 0, "r": 0, "b": 0, "j": 0, "acc": 0, "isum": 0, "v": 0}
         self.computes: list[str] = []  # the primitives computed, in order: what names the kernel
 
     def fresh(self, kind: str) -> str:
@@ -242,7 +242,8 @@ class KernelBody:
         self.memo[key] = (value, saved[depth])
         return value
 
-    def reduction(self, node: int, body_fn, extent_, kind: str, var_kind: str, depth_exprs) -> Acc:
+    def reduction(self, node: int, body_fn, extent_, kind: str, var_kind: str, depth_exprs,
+                  dtype: str = "f32") -> Acc:
         """An accumulator loop at the level its index depends on; body_fn(var) is one term.
 
         Independent reductions over the same extent at the same level share one loop (gate and
@@ -251,8 +252,11 @@ class KernelBody:
         depth = self._level_for(depth_exprs)
         saved = self.stack
         owner = saved[depth]
-        acc = self.fresh("acc")
-        init = AccInit(acc, "f32", FConst(0.0) if kind == "sum" else FConst(float("-inf")))
+        if dtype == "i32":  # an exact integer sum
+            acc, init_value = self.fresh("isum"), IConst(0)
+        else:
+            acc, init_value = self.fresh("acc"), FConst(0.0) if kind == "sum" else FConst(float("-inf"))
+        init = AccInit(acc, dtype, init_value)
         shared = next((s for s in owner.stmts if isinstance(s, Level) and s.extent == extent_
                        and not (s.reduces & self.low.ancestors(node))), None)
         inner = shared or Level(self.fresh(var_kind), extent_, REDUCTION)
@@ -303,10 +307,12 @@ class KernelBody:
                 return Bin("*", self.load(a, "f32", batch + [idx[-2], k]), self.load(b, "f32", batch + [k, idx[-1]]))
 
             return self.reduction(n.id, term, extent(a.shape[-1]), "sum", "k", idx)
+        if n.op == "block_matmul":
+            return self.block_matmul(n, args, idx)
         if n.op == "gather":
             table, index = args
             row = Cast("i64", self.load(index, "i32", [idx[0]]))
-            return self.load(table, "f32", [row, idx[1]])
+            return self.load(table, dts[0], [row, idx[1]])
         if n.op == "concat":
             axis = n.attrs["axis"]
             starts, pos = [], Expr.of(0)
@@ -327,6 +333,23 @@ class KernelBody:
                                    part, value)
             return value
         raise LoweringError(f"no lowering for primitive {n.op!r}")
+
+    def block_matmul(self, n: Node, args, idx) -> Acc:
+        """A float32 sum over blocks, in order, of each block's exact int32 dot product times its
+        two scales: acc = acc + float(isum) * (xd * float(wd))."""
+        xq, xd, wq, wd = args
+        row, col = idx
+
+        def block(b):
+            def product(j):
+                k = Bin("+", Bin("*", b, IConst(QBLOCK)), j)
+                return Bin("*", Cast("i32", self.load(xq, "i8", [row, k])), Cast("i32", self.load(wq, "i8", [col, k])))
+
+            isum = self.reduction(n.id, product, IConst(QBLOCK), "sum", "j", [row, col, b], dtype="i32")
+            scale = Bin("*", self.load(xd, "f32", [row, b]), Cast("f32", self.load(wd, "f16", [col, b])))
+            return Bin("*", Cast("f32", isum), scale)
+
+        return self.reduction(n.id, block, extent(xd.shape[-1]), "sum", "b", idx)
 
 
 class Lowering:

@@ -8,6 +8,7 @@ rowreduce_sqrt_mul_seqx896 (an RMS norm) or matmul2_exp_mul_seqx4864 (SwiGLU's g
 from __future__ import annotations
 
 from ..ir.expr import Expr
+from ..ir.ops import MATMULS
 
 FUNCTIONS = ("exp", "sqrt", "sin", "cos")
 SELECTS = ("where", "concat")  # both become a select on the index
@@ -21,7 +22,7 @@ def slug(e: Expr) -> str:
 
 def kernel_name(root_op: str, computes, shape) -> str:
     parts = []
-    matmuls = sum(op == "matmul" for op in computes)
+    matmuls = sum(op in MATMULS for op in computes)
     reductions = sum(op in ("reduce_sum", "reduce_max") for op in computes)
     if matmuls:
         parts.append("matmul" if matmuls == 1 else f"matmul{matmuls}")
@@ -30,5 +31,5 @@ def kernel_name(root_op: str, computes, shape) -> str:
     parts += [op for op in FUNCTIONS if op in computes]
     if any(op in computes for op in SELECTS):
         parts.append("select")
-    parts.append("store" if root_op == "matmul" else root_op)
+    parts.append("store" if root_op in MATMULS else root_op)
     return "_".join(parts) + "_" + ("x".join(slug(d) for d in shape) or "scalar")

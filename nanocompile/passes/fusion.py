@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir.graph import Graph, Node
-from ..ir.ops import ELEMENTWISE, MOVEMENT, SOURCES
+from ..ir.ops import ELEMENTWISE, MATMULS, MOVEMENT, SOURCES
 from .rebuild import live_nodes
 
 
@@ -81,7 +81,7 @@ def plan_fusion(graph: Graph, state: frozenset[str] = frozenset()) -> FusionPlan
             continue
         if n.op in ("gather", "sin", "cos"):
             must.add(n.id)
-        if n.op == "matmul":
+        if n.op in MATMULS:
             for a in n.args:
                 root, _ = _producer(graph, a)
                 if computed(root):
@@ -98,7 +98,7 @@ def plan_fusion(graph: Graph, state: frozenset[str] = frozenset()) -> FusionPlan
         return x
 
     for n in graph.nodes:
-        if n.id in live and n.op == "matmul":
+        if n.id in live and n.op in MATMULS:
             parent[n.id] = n.id
             stack = [n.id]
             while stack:
@@ -124,5 +124,5 @@ def plan_fusion(graph: Graph, state: frozenset[str] = frozenset()) -> FusionPlan
         if len(exits) == 1:
             must |= exits
         else:
-            must |= {i for i in members if graph.nodes[i].op == "matmul"} | exits
+            must |= {i for i in members if graph.nodes[i].op in MATMULS} | exits
     return FusionPlan(frozenset(must), stores)
