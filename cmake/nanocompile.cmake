@@ -1,6 +1,6 @@
 # nanocompile's CMake module: builds a generated model library and its C driver.
 #
-#   nanocompile_add_model(<target> SOURCES <files...> [MARCH <level>])
+#   nanocompile_add_model(<target> SOURCES <files...> [TARGET_FLAGS <flags...>])  (-march=... and extensions)
 #   nanocompile_add_driver(<target> <source> <model target>)
 #
 # Options: NANOCOMPILE_SANITIZE (AddressSanitizer + UndefinedBehaviorSanitizer),
@@ -17,12 +17,12 @@ endif()
 
 set(NANOCOMPILE_RUNTIME_DIR "${CMAKE_CURRENT_LIST_DIR}/../runtime" CACHE INTERNAL "")
 
-function(_nanocompile_flags target march)
+function(_nanocompile_flags target target_flags)
   # Exact IEEE float32: no contraction of a*b+c into FMA, no reassociation. Bitwise agreement
   # between the reference and every later pass depends on these two flags.
   target_compile_options(${target} PRIVATE -ffp-contract=off -fno-fast-math -Wall -Wextra)
-  if(march)
-    target_compile_options(${target} PRIVATE -march=${march} -mtune=native)
+  if(target_flags)
+    target_compile_options(${target} PRIVATE ${target_flags} -mtune=native)
   endif()
   if(NANOCOMPILE_PROFILE)
     target_compile_definitions(${target} PRIVATE NC_PROFILE)
@@ -39,11 +39,11 @@ function(_nanocompile_flags target march)
 endfunction()
 
 function(nanocompile_add_model target)
-  cmake_parse_arguments(NC "" "MARCH" "SOURCES" ${ARGN})
+  cmake_parse_arguments(NC "" "" "SOURCES;TARGET_FLAGS" ${ARGN})
   add_library(${target} SHARED ${NC_SOURCES})
   target_include_directories(${target} PUBLIC "${CMAKE_CURRENT_SOURCE_DIR}" "${NANOCOMPILE_RUNTIME_DIR}")
   set_target_properties(${target} PROPERTIES C_STANDARD 11 C_STANDARD_REQUIRED ON C_VISIBILITY_PRESET hidden)
-  _nanocompile_flags(${target} "${NC_MARCH}")
+  _nanocompile_flags(${target} "${NC_TARGET_FLAGS}")
   find_package(Threads REQUIRED)
   target_link_libraries(${target} PRIVATE m Threads::Threads)
 endfunction()

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .errors import ModelError
 from .frontend.nn import padded
 from .ir.ops import QBLOCK
 
@@ -56,6 +57,9 @@ class Int8Weights(Mapping):
             if base in self.q8_0:
                 raw, (n, k) = self.q8_0[base]
                 parts = split_q8_0(raw, n, k)
+                if (parts[0] == -128).any():  # the kernels' sign trick needs |q| <= 127
+                    raise ModelError(f"tensor {base!r}: a Q8_0 value of -128, outside the [-127, 127] a Q8_0 "
+                                     f"quantizer writes and these kernels assume")
             else:
                 parts = quantize_q8_0(np.asarray(self.float_weights[base], np.float32))
             self._last = (base, parts)

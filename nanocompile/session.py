@@ -14,6 +14,7 @@ from .errors import ContextFullError, InputError
 from .frontend.config import Qwen2Config
 from .frontend.qwen2 import build_qwen2, cache_names
 from .library import CompiledSession
+from .models import stored_q8_0
 
 
 class InterpreterSession:
@@ -58,9 +59,11 @@ BACKENDS = ("compiled", "interp")
 def open_session(model, backend: str = "compiled", n_ctx: int = 4096, threads: int = 1, progress: bool = False,
                  precision: str = "f32"):
     """A session on a LoadedModel: the compiled library (default) or the NumPy interpreter."""
+    weights = weights_in(check_precision(precision), model.config, model.weights,
+                         stored_q8_0(model) if precision == "int8" else None)
     if backend == "interp":
-        return InterpreterSession(model.config, model.weights, n_ctx=n_ctx, precision=precision)
+        return InterpreterSession(model.config, weights, n_ctx=n_ctx, precision=precision)
     if backend == "compiled":
-        return CompiledSession(model.config, model.weights, n_ctx=n_ctx, threads=threads,
+        return CompiledSession(model.config, weights, n_ctx=n_ctx, threads=threads,
                                weights_key=model.key, progress=progress, precision=precision)
     raise InputError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")

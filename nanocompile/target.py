@@ -1,4 +1,10 @@
-"""The machine the code is compiled for: x86-64 microarchitecture level and ISA flags."""
+"""The machine the code is compiled for: an x86-64 microarchitecture level, optionally with the
+VNNI dot-product instructions, and the ISA flags that requires.
+
+A target is named by its level, with `+vnni` when the int8 dot products use vpdpbusd: AVX-512
+VNNI on x86-64-v4 (512-bit), AVX-VNNI on x86-64-v3 (256-bit). Without it, AVX2 and AVX-512
+compute them with vpmaddubsw + vpmaddwd; below x86-64-v3 the kernels are scalar.
+"""
 from __future__ import annotations
 
 import functools
@@ -12,7 +18,10 @@ LEVELS = [
     ("x86-64-v3", {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "abm"}),
     ("x86-64-v2", {"sse4_1", "sse4_2", "ssse3", "popcnt", "cx16"}),
 ]
+# the VNNI extension of a level: the /proc/cpuinfo flag and the compiler's option
+VNNI = {"x86-64-v4": ("avx512_vnni", "-mavx512vnni"), "x86-64-v3": ("avx_vnni", "-mavxvnni")}
 REPORTED = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16")
+FORCE = "NANOCOMPILE_MARCH"  # builds for a lower target than the CPU's (tests run AVX2 code on AVX-512)
 
 
 @functools.lru_cache(maxsize=1)
@@ -26,42 +35,71 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-FORCE = "NANOCOMPILE_MARCH"  # builds for a lower level than the CPU's (tests run AVX2 code on AVX-512)
+def split_target(march: str) -> tuple[str, bool]:
+    """'x86-64-v4+vnni' -> ('x86-64-v4', True)."""
+    level, _, extension = march.partition("+")
+    if extension not in ("", "vnni") or (extension and level not in VNNI):
+        raise ValueError(f"unknown target {march!r}: a level ({', '.join(known_targets())}) with +vnni on "
+                         f"x86-64-v3 or x86-64-v4")
+    return level, bool(extension)
+
+
+def known_targets() -> list[str]:
+    levels = ["x86-64"] + [name for name, _ in reversed(LEVELS)]
+    return levels + [f"{level}+vnni" for level in reversed(VNNI)]
 
 
 def level_flags(march: str) -> list[str]:
-    """The flags an x86-64 level requires (each level includes the ones below it)."""
+    """The flags a target requires (each level includes the ones below it)."""
+    level, vnni = split_target(march)
     names = [name for name, _ in reversed(LEVELS)]
-    if march == "x86-64":
-        return []
-    if march not in names:
-        raise ValueError(f"unknown x86-64 level {march!r}; known: x86-64, {', '.join(names)}")
+    if level != "x86-64" and level not in names:
+        raise ValueError(f"unknown x86-64 level {level!r}; known: x86-64, {', '.join(names)}")
     required = set()
     for name, need in reversed(LEVELS):
+        if level == "x86-64":
+            break
         required |= need
-        if name == march:
-            return sorted(required)
+        if name == level:
+            break
+    if vnni:
+        required.add(VNNI[level][0])
     return sorted(required)
 
 
+def compiler_flags(march: str) -> list[str]:
+    """The C compiler's options for a target: -march=<level> and the extension's option."""
+    if march == "native":
+        return ["-march=native"]
+    level, vnni = split_target(march)
+    return [f"-march={level}"] + ([VNNI[level][1]] if vnni else [])
+
+
 def detect_march(flags: frozenset[str] | None = None) -> tuple[str, list[str]]:
-    """The highest level this CPU has (or NANOCOMPILE_MARCH, if set and this CPU has it), and the
-    flags that level requires."""
+    """The best target this CPU runs (or NANOCOMPILE_MARCH, if set and this CPU has it), and the
+    flags it requires."""
     forced = os.environ.get(FORCE) if flags is None else None
     flags = cpu_flags() if flags is None else flags
     if platform.machine() not in ("x86_64", "AMD64"):
         return "native", []
-    march, required = "x86-64", set()
+    march = "x86-64"
     for name, need in reversed(LEVELS):  # v2, then v3, then v4: each includes the one before
         if not need <= flags:
             break
-        march, required = name, required | need
+        march = name
+    if march in VNNI and VNNI[march][0] in flags:
+        march += "+vnni"
     if forced:
         need = level_flags(forced)
         if not set(need) <= flags:
             raise ValueError(f"{FORCE}={forced}, but this CPU lacks {', '.join(sorted(set(need) - flags))}")
         return forced, need
-    return march, sorted(required)
+    return march, level_flags(march)
+
+
+def runnable_targets() -> list[str]:
+    """Every target this CPU runs, best first."""
+    return [t for t in reversed(known_targets()) if set(level_flags(t)) <= cpu_flags()]
 
 
 def missing_flags(required) -> list[str]:
@@ -73,4 +111,4 @@ def vector_lanes(march: str) -> int:
     if march == "native":
         flags = cpu_flags()
         return 16 if "avx512f" in flags else 8 if "avx2" in flags else 0
-    return {"x86-64-v4": 16, "x86-64-v3": 8}.get(march, 0)
+    return {"x86-64-v4": 16, "x86-64-v3": 8}.get(split_target(march)[0], 0)

@@ -89,6 +89,12 @@ int nc_check_cpu(char *error, uint64_t error_size)
 #ifdef __AVX512VL__
     NC_NEED(1, "avx512vl")
 #endif
+#ifdef __AVX512VNNI__
+    NC_NEED(1, "avx512vnni")
+#endif
+#ifdef __AVXVNNI__
+    NC_NEED(1, "avxvnni")
+#endif
 #undef NC_NEED
 #endif
     (void)error;

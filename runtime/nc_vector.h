@@ -6,6 +6,10 @@
 #define NC_VECTOR_H
 
 #include <math.h>
+#include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "nc_runtime.h"
 
@@ -39,13 +43,84 @@
 #define NC_VECTOR_WIDTH(L) NC_VECTOR_TYPES(L) NC_LANEWISE(L, expf) NC_LANEWISE(L, sqrtf) \
     NC_LANEWISE(L, sinf) NC_LANEWISE(L, cosf)
 
+/* Integer lanes (int32 accumulators of int8 dot products) and float16 loads, converted exactly:
+ * int8 -> int32 sign-extends, float16 -> float32 and int32 -> float32 (|x| < 2^24 here) are exact. */
+#define NC_INT_TYPES(L)                                                                             \
+    typedef int32_t nc_i32x##L __attribute__((vector_size(4 * L)));                                 \
+    static inline nc_i32x##L nc_splat_i32_##L(int32_t x)                                             \
+    {                                                                                               \
+        nc_i32x##L v;                                                                               \
+        for (int l = 0; l < L; ++l)                                                                 \
+            v[l] = x;                                                                               \
+        return v;                                                                                   \
+    }                                                                                               \
+    static inline nc_f32x##L nc_i32_to_f32_##L(nc_i32x##L v) { return __builtin_convertvector(v, nc_f32x##L); } \
+    static inline nc_i32x##L nc_load_i8_##L(const int8_t *p)                                          \
+    {                                                                                               \
+        typedef int8_t bytes __attribute__((vector_size(L), aligned(1)));                           \
+        bytes b;                                                                                    \
+        memcpy(&b, p, L);                                                                           \
+        return __builtin_convertvector(b, nc_i32x##L);                                              \
+    }
+
 /* Only the widths the target has: a wider type would be split, and passing it by value
  * without the instructions changes the calling convention (GCC warns). */
 #if defined(__AVX2__)
 NC_VECTOR_WIDTH(8)
+NC_INT_TYPES(8)
+static inline nc_f32x8 nc_load_f16_8(const _Float16 *p)
+{
+    return (nc_f32x8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
 #endif
 #if defined(__AVX512F__)
 NC_VECTOR_WIDTH(16)
+NC_INT_TYPES(16)
+static inline nc_f32x16 nc_load_f16_16(const _Float16 *p)
+{
+    return (nc_f32x16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+#endif
+
+/* nc_dot4_L(acc, x, w): lane l gains x[0]*w[4l] + x[1]*w[4l+1] + x[2]*w[4l+2] + x[3]*w[4l+3],
+ * exact in int32: the four x bytes are the same for every lane, w holds 4*L bytes (Pack's groups
+ * of 4). vpdpbusd and vpmaddubsw multiply unsigned by signed bytes, so |x| is the unsigned side
+ * and x's sign moves onto w. Exact because every value is within [-127, 127]: 127 * 127 * 2 fits
+ * vpmaddubsw's int16 sums, and -w never overflows. */
+static inline int32_t nc_x4(const int8_t *x)
+{
+    int32_t v;
+    memcpy(&v, x, 4);
+    return v;
+}
+#if defined(__AVX2__)
+static inline nc_i32x8 nc_dot4_8(nc_i32x8 acc, const int8_t *x, const int8_t *w)
+{
+    __m256i xs = _mm256_set1_epi32(nc_x4(x)), ws = _mm256_loadu_si256((const __m256i *)w);
+    __m256i ax = _mm256_abs_epi8(xs), sw = _mm256_sign_epi8(ws, xs);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return (nc_i32x8)_mm256_dpbusd_epi32((__m256i)acc, ax, sw);
+#elif defined(__AVXVNNI__)
+    return (nc_i32x8)_mm256_dpbusd_avx_epi32((__m256i)acc, ax, sw);
+#else
+    __m256i pairs = _mm256_maddubs_epi16(ax, sw);
+    return acc + (nc_i32x8)_mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+#endif
+}
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+static inline nc_i32x16 nc_dot4_16(nc_i32x16 acc, const int8_t *x, const int8_t *w)
+{
+    __m512i xs = _mm512_set1_epi32(nc_x4(x)), ws = _mm512_loadu_si512(w);
+    __m512i ax = _mm512_abs_epi8(xs);
+    __m512i sw = _mm512_mask_sub_epi8(ws, _mm512_movepi8_mask(xs), _mm512_setzero_si512(), ws);
+#if defined(__AVX512VNNI__)
+    return (nc_i32x16)_mm512_dpbusd_epi32((__m512i)acc, ax, sw);
+#else
+    __m512i pairs = _mm512_maddubs_epi16(ax, sw);
+    return acc + (nc_i32x16)_mm512_madd_epi16(pairs, _mm512_set1_epi16(1));
+#endif
+}
 #endif
 
 #endif

@@ -7,10 +7,10 @@ import numpy as np
 
 from ..ir.expr import Expr
 from ..loopir.affine import build, linear
-from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, Cast, FConst, IConst, Lane, Load, Loop, Poly, Select, Store,
-                         Un, Var)
+from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, Cast, Dot, FConst, IConst, Lane, Load, Loop, Poly, Select,
+                         Store, Un, Var)
 from ..loopir.traverse import statements as all_statements
-from ..loopir.traverse import walk
+from ..loopir.traverse import fold, walk
 
 C_TYPES = {"f32": "float", "i32": "int32_t", "bool": "uint8_t", "i64": "int64_t", "i8": "int8_t", "f16": "_Float16"}
 UNARY = {"sqrt": "sqrtf", "exp": "expf", "sin": "sinf", "cos": "cosf", "rint": "rintf"}
@@ -75,6 +75,10 @@ def c(e, top: bool = True) -> str:
         return f"{e.param}[{c(e.index)}]"
     if isinstance(e, Acc):
         return e.name
+    if isinstance(e, Dot):  # the scalar form: the width products in order
+        terms = [f"(int32_t){e.a.param}[{c(fold(Bin('+', e.a.index, IConst(t))))}] * "
+                 f"(int32_t){e.b.param}[{c(fold(Bin('+', e.b.index, IConst(t))))}]" for t in range(e.width)]
+        return wrap(" + ".join([c(e.acc, False)] + terms))
     raise TypeError(f"not a loop-IR expression: {e!r}")
 
 
@@ -90,14 +94,17 @@ def operator(e, sub, function, wrap) -> str:
     return f"{function(e.op)}({sub(e.a, True)})"
 
 
-def statements(body, vector=None) -> list[dict]:
-    """Plain data for templates/kernel.c.j2: loops and lines of C. Inside a vector loop, vector
-    is the VectorC that renders its lanes."""
+def statements(body, dtypes: dict | None = None, vector=None) -> list[dict]:
+    """Plain data for templates/kernel.c.j2: loops and lines of C. dtypes: each parameter's
+    and local's dtype (for vector code); inside a vector loop, vector is the VectorC that renders
+    its lanes."""
+    dtypes = dict(dtypes or {})
+    dtypes.update({s.name: s.dtype for s in all_statements(body) if isinstance(s, AccInit)})
     out = []
     for s in body:
         if isinstance(s, Loop):
-            inner = VectorC(s.lanes, s.body) if s.lanes else vector
-            out.append({"kind": "loop", "var": s.var, "extent": c(s.extent), "body": statements(s.body, inner),
+            inner = VectorC(s.lanes, s.body, dtypes) if s.lanes else vector
+            out.append({"kind": "loop", "var": s.var, "extent": c(s.extent), "body": statements(s.body, dtypes, inner),
                         "parallel": s.parallel})
         elif vector is not None:
             out.append({"kind": "line", "text": vector.statement(s)})
@@ -114,14 +121,40 @@ def statements(body, vector=None) -> list[dict]:
     return out
 
 
+def dtype_of(e, dtypes: dict) -> str:
+    """An expression's dtype: a parameter's or local's, a cast's; index arithmetic is i64."""
+    if isinstance(e, Load):
+        return dtypes[e.param]
+    if isinstance(e, Acc):
+        return dtypes[e.name]
+    if isinstance(e, Cast):
+        return e.dtype
+    if isinstance(e, FConst):
+        return "f32"
+    if isinstance(e, Dot):
+        return "i32"
+    if isinstance(e, Bin):
+        if e.op in ("<=", "<"):
+            return "bool"
+        a = dtype_of(e.a, dtypes)
+        return dtype_of(e.b, dtypes) if a == "i64" else a
+    if isinstance(e, (Un, Select)):
+        return dtype_of(e.a, dtypes)
+    return "i64"  # Var, Lane, IConst, Poly
+
+
 class VectorC:
     """C for the statements of a vector loop of `lanes` lanes (GCC vector extensions, runtime/
     nc_vector.h). A value is a vector if it reads a load that differs between lanes; the others
-    are scalars, which C broadcasts where they meet a vector (a bit-exact copy)."""
+    are scalars, which C broadcasts where they meet a vector (a bit-exact copy). Lanes are
+    float32 or int32; int8 and float16 loads arrive converted (exactly) to one of them, and a
+    Dot's int8 groups go to nc_dot4."""
 
-    def __init__(self, lanes: int, body):
+    VECTOR_TYPES = {"f32": "f32", "i32": "i32"}
+
+    def __init__(self, lanes: int, body, dtypes: dict):
         self.lanes = lanes
-        self.vtype = f"nc_f32x{lanes}"
+        self.dtypes = dtypes
         self.vectors: set[str] = set()  # accumulators held as vectors
         changed = True
         while changed:  # an accumulator is a vector if any value assigned to it is
@@ -141,6 +174,9 @@ class VectorC:
                 return True
         return False
 
+    def vtype(self, dtype: str) -> str:
+        return f"nc_{self.VECTOR_TYPES[dtype]}x{self.lanes}"
+
     def address(self, param: str, index) -> str:
         """The address of lane 0's element."""
         terms, const = linear(index)
@@ -151,7 +187,10 @@ class VectorC:
         return f"{param} + {base}" if base.isidentifier() or base.isdigit() else f"{param} + ({base})"
 
     def splat(self, e) -> str:
-        return self.expr(e) if self.is_vector(e) else f"nc_splat{self.lanes}({c(e)})"
+        if self.is_vector(e):
+            return self.expr(e)
+        dtype = dtype_of(e, self.dtypes)
+        return f"nc_splat{self.lanes}({c(e)})" if dtype == "f32" else f"nc_splat_i32_{self.lanes}({c(e)})"
 
     def expr(self, e, top: bool = True) -> str:
         if not self.is_vector(e):
@@ -161,7 +200,23 @@ class VectorC:
             return text if top else f"({text})"
 
         if isinstance(e, Load):
+            if self.dtypes[e.param] != "f32":
+                raise TypeError(f"{e.param} holds {self.dtypes[e.param]}: its lanes are read converted")
             return f"nc_load{self.lanes}({self.address(e.param, e.index)})"
+        if isinstance(e, Cast) and isinstance(e.a, Load):  # a converting load
+            source = self.dtypes[e.a.param]
+            if (source, e.dtype) == ("i8", "i32"):
+                return f"nc_load_i8_{self.lanes}({self.address(e.a.param, e.a.index)})"
+            if (source, e.dtype) == ("i8", "f32"):
+                return f"nc_i32_to_f32_{self.lanes}(nc_load_i8_{self.lanes}({self.address(e.a.param, e.a.index)}))"
+            if (source, e.dtype) == ("f16", "f32"):
+                return f"nc_load_f16_{self.lanes}({self.address(e.a.param, e.a.index)})"
+        if isinstance(e, Cast) and (dtype_of(e.a, self.dtypes), e.dtype) == ("i32", "f32"):
+            return f"nc_i32_to_f32_{self.lanes}({self.expr(e.a)})"
+        if isinstance(e, Dot):  # one operand the same in every lane (x), the other in groups (w)
+            x, w = (e.a, e.b) if not self.is_vector(e.a) else (e.b, e.a)
+            return (f"nc_dot4_{self.lanes}({self.splat(e.acc)}, {self.address(x.param, x.index)}, "
+                    f"{self.address(w.param, w.index)})")
         if isinstance(e, Acc):
             return e.name
         if isinstance(e, (Bin, Un)):
@@ -175,7 +230,7 @@ class VectorC:
             return f"nc_store{self.lanes}({self.address(s.param, s.index)}, {self.splat(s.value)});"
         if isinstance(s, AccInit):
             if s.name in self.vectors:
-                return f"{self.vtype} {s.name} = {self.splat(s.value)};"
+                return f"{self.vtype(s.dtype)} {s.name} = {self.splat(s.value)};"
             return f"{C_TYPES[s.dtype]} {s.name} = {c(s.value)};"
         if isinstance(s, AccUpdate):
             if s.kind == "sum":

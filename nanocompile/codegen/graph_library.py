@@ -21,6 +21,7 @@ from ..ir.expr import evaluate_shape
 from ..ir.graph import Graph
 from ..schedule.pack import pack_array
 from ..signature import StepProgram, identifier, plain_signature
+from ..target import compiler_flags
 from .cexpr import C_TYPES
 from .render import const_data, data_root, environment, kernel_data
 
@@ -69,8 +70,8 @@ class GraphLibrary:
 
     def compile(self, source: str) -> Path:
         """Compiles C source (kept under its hash) into a shared library; returns its path."""
-        march = f"-march={self.march}" if self.march.startswith("x86-64") else "-march=native"
-        digest = hashlib.sha256(f"{march}\n{source}".encode()).hexdigest()[:24]
+        flags = compiler_flags(self.march)
+        digest = hashlib.sha256(f"{flags}\n{source}".encode()).hexdigest()[:24]
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"graph_{digest}.so"
         if not path.exists():
@@ -79,7 +80,7 @@ class GraphLibrary:
             tmp = path.with_suffix(f".tmp{os.getpid()}.so")
             runtime = data_root() / "runtime"
             cc = os.environ.get("CC", "cc")
-            r = subprocess.run([cc, *CFLAGS, march, f"-I{runtime}", str(c_file), str(runtime / "nc_runtime.c"),
+            r = subprocess.run([cc, *CFLAGS, *flags, f"-I{runtime}", str(c_file), str(runtime / "nc_runtime.c"),
                                 str(runtime / "nc_pool.c"), "-o", str(tmp), "-lm"], capture_output=True, text=True)
             if r.returncode != 0:
                 raise RuntimeError(f"{cc} failed on {c_file}:\n{r.stderr[-4000:]}")

@@ -15,6 +15,7 @@ from ..compiler import Module
 from ..loopir.ir import Poly, format_kernel
 from ..loopir.traverse import loops, walk
 from ..signature import identifier
+from ..target import compiler_flags
 from .cexpr import C_TYPES, float_literal, statements
 
 DATA_DIRS = ("templates", "runtime", "cmake")
@@ -43,7 +44,8 @@ def kernel_data(k) -> dict:
         params.append(f"{const}{C_TYPES[p.dtype]} *restrict {p.name}")
     text = format_kernel(k).replace("*/", "* /")
     symbols = set().union(*(n.expr.symbols() for n in walk(k.body) if isinstance(n, Poly)))
-    return {"name": k.name, "params": params, "comment": text.splitlines(), "body": statements(k.body),
+    return {"name": k.name, "params": params, "comment": text.splitlines(),
+            "body": statements(k.body, {p.name: p.dtype for p in k.params}),
             "unused": [s for s in ("seq", "past") if s not in symbols],
             "parallel": any(lp.parallel for lp in loops(k.body))}
 
@@ -114,6 +116,7 @@ def template_data(module: Module) -> dict:
         "max_ctx": sig.max_positions,
         "max_chunk": module.max_chunk,
         "march": module.march,
+        "target_flags": compiler_flags(module.march),
         "isa": module.isa,
         "weights_bytes": module.weights_bytes,
         "workspace_bytes": module.arena_bytes,

@@ -127,6 +127,17 @@ class Load(Node):
 
 
 @dataclass(frozen=True)
+class Dot(Node):
+    """acc + the sum over t < width of i32(a@t) * i32(b@t), exact in int32, where x@t loads the
+    element t after x's: a dot product of `width` consecutive int8 pairs, one vpdpbusd lane."""
+    acc: Node
+    a: Node  # Load of the first element
+    b: Node
+    width: int = 4
+    CHILDREN: ClassVar = ("acc", "a", "b")
+
+
+@dataclass(frozen=True)
 class Acc(Node):
     """The value of a local: an accumulator, or a value computed once and reused."""
     name: str
@@ -258,6 +269,8 @@ def format_expr(e) -> str:
         return f"{e.param}[{format_expr(e.index)}]"
     if isinstance(e, Acc):
         return e.name
+    if isinstance(e, Dot):
+        return f"dot{e.width}({format_expr(e.acc)}, {format_expr(e.a)}, {format_expr(e.b)})"
     raise TypeError(f"not a loop-IR expression: {e!r}")
 
 

@@ -104,6 +104,16 @@ def _load_gguf(path: Path, bars) -> LoadedModel:
     return LoadedModel(gguf.config, weights, tokenizer, str(path), path.name, {"cache": "miss"})
 
 
+def stored_q8_0(model: LoadedModel) -> dict:
+    """The model's Q8_0 tensors as stored in its GGUF file (name -> (bytes, shape)); none for a
+    Hugging Face directory. The int8 precision reads them without a float32 round trip."""
+    path = Path(model.source)
+    if not path.is_file():
+        return {}
+    from .gguf_model import GGUFModel
+    return GGUFModel(path).raw_tensors("Q8_0")
+
+
 def check_weights_finite(weights: dict[str, np.ndarray], source: str) -> None:
     for name, w in weights.items():
         if not np.isfinite(w).all():

@@ -198,6 +198,16 @@ class GGUFModel:
                 progress(int(t.n_bytes))
         return out
 
+    def raw_tensors(self, type_name: str) -> dict[str, tuple[np.ndarray, tuple[int, ...]]]:
+        """transformers' name -> (the tensor's bytes as stored, its [rows, row] shape) for every
+        tensor of one GGUF type (e.g. Q8_0): what a precision reads without a float32 round trip."""
+        out = {}
+        for name, t in self._tensors.items():
+            if t.tensor_type.name == type_name:
+                shape = tuple(int(d) for d in reversed(t.shape))
+                out[name] = (np.asarray(t.data).view(np.uint8).reshape(-1), shape)
+        return out
+
     def tokenizer_data(self) -> GGUFTokenizerData | None:
         tokens = self.value("tokenizer.ggml.tokens")
         if tokens is None:

@@ -8,10 +8,10 @@ of a vector and which other elements share its loop change. recipes.py chooses a
 kernel class; program.py schedules a whole program, agreeing on weight layouts.
 """
 from .apply import apply, first_legal, is_legal
-from .directives import Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam, Vectorize
+from .directives import DotProduct, Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam, Vectorize
 from .loops import check_parallel
 from .program import schedule_program
 from .recipes import default_schedule
 
 __all__ = ["apply", "first_legal", "is_legal", "default_schedule", "schedule_program", "check_parallel",
-           "ScheduleError", "Pack", "Parallel", "Reorder", "Split", "Unroll", "UnrollJam", "Vectorize"]
+           "ScheduleError", "DotProduct", "Pack", "Parallel", "Reorder", "Split", "Unroll", "UnrollJam", "Vectorize"]

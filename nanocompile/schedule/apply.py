@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 from ..loopir.ir import Kernel
-from .directives import Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam, Vectorize
+from .directives import DotProduct, Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam, Vectorize
+from .dot import dot_product
 from .loops import parallel, reorder, split, unroll, unroll_jam
 from .pack import pack
 from .vector import check_lanes, vectorize
 
 RULES = {Split: split, Reorder: reorder, Unroll: unroll, UnrollJam: unroll_jam, Vectorize: vectorize, Pack: pack,
-         Parallel: parallel}
+         Parallel: parallel, DotProduct: dot_product}
 
 
 def apply(k: Kernel, schedule) -> Kernel:

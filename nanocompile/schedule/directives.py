@@ -63,14 +63,34 @@ class Vectorize:
 @dataclass(frozen=True)
 class Pack:
     """Read parameter `param`, a weight of rows of `row` elements, in the blocked layout
-    [rows / block, row, block]: element (n, k) at ((n / block) * row + k) * block + n % block, so
-    `block` consecutive rows are contiguous at each k (one vector load across output columns)."""
+    [rows / block, row / group, block, group]: element (n, k) at
+    ((n / block) * (row / group) + k / group) * block * group + (n % block) * group + k % group,
+    so `block` consecutive rows are contiguous at each k (one vector load across output columns);
+    with group 4, each row's 4 consecutive k are adjacent (one 32-bit lane of a dot product)."""
     param: str
     row: int
     block: int
+    group: int = 1
+
+    @property
+    def layout(self) -> tuple:
+        """(row, block) or (row, block, group): what the weights file is written in."""
+        return (self.row, self.block) if self.group == 1 else (self.row, self.block, self.group)
 
     def __str__(self) -> str:
-        return f"Pack({self.param}, {self.row}, {self.block})"
+        return f"Pack({self.param}, {self.row}, {self.block}" + (f", {self.group})" if self.group > 1 else ")")
+
+
+@dataclass(frozen=True)
+class DotProduct:
+    """Group `width` consecutive iterations of the reduction loop `loop` that adds products of
+    two int8 values to an int32 accumulator into one dot product (ir.Dot: vpdpbusd's lane).
+    Integer sums are exact, so the grouping changes no value."""
+    loop: str
+    width: int = 4
+
+    def __str__(self) -> str:
+        return f"DotProduct({self.loop}, {self.width})"
 
 
 @dataclass(frozen=True)

@@ -113,29 +113,42 @@ def unroll(k: Kernel, d: Unroll) -> tuple:
                                                       unrolled=loop.unrolled * d.factor),))
 
 
-def check_unroll_jam(k: Kernel, d: UnrollJam) -> tuple[Loop, Loop]:
-    """(the output loop, the one reduction loop in it whose copies are jammed)."""
+def _reduction_chain(body) -> bool:
+    """Whether body holds exactly one loop, a reduction, whose body holds no loop or again
+    exactly one reduction loop, and so on (a block matmul's blocks around each block's sum)."""
+    inner = [s for s in body if isinstance(s, Loop)]
+    if len(inner) != 1 or inner[0].is_output:
+        return False
+    return not any(isinstance(s, Loop) for s in inner[0].body) or _reduction_chain(inner[0].body)
+
+
+def check_unroll_jam(k: Kernel, d: UnrollJam) -> Loop:
     loop, _ = output_loop(k, d.loop, "unroll")
     _whole_multiple(k, loop, d.factor)
-    inner = [s for s in loop.body if isinstance(s, Loop)]
-    if len(inner) != 1 or inner[0].is_output or any(isinstance(x, Loop) for x in inner[0].body):
-        raise ScheduleError(f"{k.name}: loop {d.loop!r} must hold exactly one reduction loop, itself "
-                            f"without loops, to jam the copies' reductions into one")
+    if not _reduction_chain(loop.body):
+        raise ScheduleError(f"{k.name}: loop {d.loop!r} must hold exactly one reduction loop (and each of those "
+                            f"at most one) to jam the copies' reductions into one")
     _not_parallel(k, loop, "UnrollJam")
-    return loop, inner[0]
+    return loop
+
+
+def _jam(bodies: list[tuple]) -> tuple:
+    """The copies' bodies merged level by level: the statements before each copy's loop, their
+    loops jammed into one, the statements after. Each copy keeps its own statements in their
+    order and its own renamed locals, so every accumulator adds its terms as before."""
+    at = next((i for i, s in enumerate(bodies[0]) if isinstance(s, Loop)), None)
+    if at is None:
+        return sum(bodies, ())
+    pre = sum((b[:at] for b in bodies), ())
+    post = sum((b[at + 1:] for b in bodies), ())
+    inner = dataclasses.replace(bodies[0][at], body=_jam([b[at].body for b in bodies]))
+    return pre + (inner,) + post
 
 
 def unroll_jam(k: Kernel, d: UnrollJam) -> tuple:
-    loop, reduction = check_unroll_jam(k, d)
-    at = loop.body.index(reduction)
+    loop = check_unroll_jam(k, d)
     whole = loop.extent.value // d.factor
-    pre, post, merged = [], [], []
-    for j in range(d.factor):
-        copy = _copy(loop, j, d.factor, whole)
-        pre += copy[:at]
-        merged += copy[at].body  # each copy's accumulators add their own terms, in k order
-        post += copy[at + 1:]
-    body = tuple(pre) + (dataclasses.replace(reduction, body=tuple(merged)),) + tuple(post)
+    body = _jam([_copy(loop, j, d.factor, whole) for j in range(d.factor)])
     if whole == 1 and not loop.lanes:
         return replace(k.body, loop, body)  # a loop of one iteration: its body alone
     return replace(k.body, loop, (dataclasses.replace(loop, extent=IConst(whole), body=body,

@@ -16,6 +16,8 @@ from ..loopir.ir import Bin, IConst, Kernel, Lane, Load, Var
 from ..loopir.traverse import find_loop, loops, rewrite_in_loops
 from .directives import Pack, ScheduleError
 
+PACKABLE = ("f32", "i8", "f16")
+
 
 def _range(k: Kernel, atom, lanes: dict) -> int | None:
     """The largest value an index atom takes, if it is a loop variable or a lane."""
@@ -43,33 +45,41 @@ def packed_index(k: Kernel, d: Pack, index, lanes: dict):
     if top >= d.row:
         raise ScheduleError(f"{k.name}: {d.param} is read across rows of {d.row}; it is not a [rows, {d.row}] "
                             f"weight read row by row")
-    b, column = d.block, build(col_terms, col_const)
+    b, g, column = d.block, d.group, build(col_terms, col_const)
     lane_c = row_terms.pop(Lane(), 0)
     within = row_const % b + lane_c * lanes.get("lane", 0)  # the last lane's row within its block
-    if lane_c in (0, 1) and within < b and all(c % b == 0 for c in row_terms.values()):
+    grouped = all(c % g == 0 for c in col_terms.values())  # the column's group is linear in the atoms
+    if lane_c in (0, 1) and within < b and all(c % b == 0 for c in row_terms.values()) and grouped:
         # the row is block * b + (a constant + lane) inside the block: no division needed
         terms = {a: c // b * d.row * b for a, c in row_terms.items()}
         terms.update({a: c * b for a, c in col_terms.items()})
         if lane_c:
-            terms[Lane()] = 1
-        return build(terms, row_const // b * d.row * b + col_const * b + row_const % b)
+            terms[Lane()] = g
+        const = row_const // b * d.row * b + row_const % b * g + col_const // g * b * g + col_const % g
+        return build(terms, const)
     if lane_c:
         raise ScheduleError(f"{k.name}: the lanes read rows of {d.param} that do not start a block of {b}")
     # any other row expression (an id read from memory): divide it into block and offset
     n = build(row_terms, row_const)
-    return Bin("+", Bin("*", Bin("+", Bin("*", Bin("/", n, IConst(b)), IConst(d.row)), column), IConst(b)),
-               Bin("%", n, IConst(b)))
+    group_index = Bin("+", Bin("*", Bin("/", n, IConst(b)), IConst(d.row // g)), Bin("/", column, IConst(g)))
+    within_group = Bin("+", Bin("*", Bin("%", n, IConst(b)), IConst(g)), Bin("%", column, IConst(g)))
+    if g == 1:  # the same expressions without the dividing by one
+        group_index = Bin("+", Bin("*", Bin("/", n, IConst(b)), IConst(d.row)), column)
+        within_group = Bin("%", n, IConst(b))
+    return Bin("+", Bin("*", group_index, IConst(b * g)), within_group)
 
 
 def pack(k: Kernel, d: Pack) -> tuple:
     param = next((p for p in k.params if p.name == d.param), None)
     if param is None:
         raise ScheduleError(f"{k.name}: no parameter {d.param!r} to pack")
-    if param.access != "read" or param.dtype != "f32":
-        raise ScheduleError(f"{k.name}: {d.param} is {param.access} {param.dtype}; only float32 weights the kernel "
-                            f"reads are packed")
+    if param.access != "read" or param.dtype not in PACKABLE:
+        raise ScheduleError(f"{k.name}: {d.param} is {param.access} {param.dtype}; only weights the kernel reads "
+                            f"({', '.join(PACKABLE)}) are packed")
     if d.block < 2 or d.row < 1:
         raise ScheduleError(f"{k.name}: Pack({d.param}) needs rows of at least 1 and blocks of at least 2 rows")
+    if d.group < 1 or d.row % d.group:
+        raise ScheduleError(f"{k.name}: Pack({d.param}) groups of {d.group} do not divide rows of {d.row}")
     if any(lp.lanes and d.block % lp.lanes for lp in loops(k.body)):
         raise ScheduleError(f"{k.name}: blocks of {d.block} rows do not hold whole vectors")
 
@@ -85,12 +95,14 @@ def pack(k: Kernel, d: Pack) -> tuple:
 
 # the weights file -------------------------------------------------------------------------------
 
-def pack_array(array: np.ndarray, row: int, block: int) -> np.ndarray:
-    """A row-major weight in the blocked layout Pack(row, block) reads."""
+def pack_array(array: np.ndarray, row: int, block: int, group: int = 1) -> np.ndarray:
+    """A row-major weight in the blocked layout Pack(row, block, group) reads:
+    [rows / block, row / group, block, group]."""
     flat = np.ascontiguousarray(array).reshape(-1, row)
-    if flat.shape[0] % block:
-        raise ValueError(f"{flat.shape[0]} rows do not divide into blocks of {block}")
-    return np.ascontiguousarray(flat.reshape(-1, block, row).transpose(0, 2, 1)).reshape(array.shape)
+    if flat.shape[0] % block or row % group:
+        raise ValueError(f"{flat.shape[0]} rows of {row} do not divide into blocks of {block} and groups of {group}")
+    blocked = flat.reshape(-1, block, row // group, group).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(blocked).reshape(array.shape)
 
 
 def weight_layouts(kernels: dict, calls, buffers: dict, strict: bool = True) -> dict[str, tuple[int, int]]:
@@ -99,7 +111,7 @@ def weight_layouts(kernels: dict, calls, buffers: dict, strict: bool = True) -> 
     layouts: dict[str, tuple | None] = {}
     for call in calls:
         k = kernels[call.kernel]
-        packs = {d.param: (d.row, d.block) for d in k.schedule if isinstance(d, Pack)}
+        packs = {d.param: d.layout for d in k.schedule if isinstance(d, Pack)}
         for param, buffer in zip(k.params, call.args):
             layout = packs.get(param.name)
             if layout is not None and buffers[buffer].kind != "weight":
@@ -114,5 +126,8 @@ def weight_layouts(kernels: dict, calls, buffers: dict, strict: bool = True) -> 
 
 
 def _describe(layout) -> str:
-    return "row-major" if layout is None else f"blocks of {layout[1]} rows of {layout[0]}"
+    if layout is None:
+        return "row-major"
+    row, block, group = (*layout, 1)[:3]
+    return f"blocks of {block} rows of {row}" + (f" in groups of {group}" if group > 1 else "")
 

@@ -24,13 +24,17 @@ from __future__ import annotations
 from ..loopir.ir import AccInit, IConst, Kernel, Loop
 from ..loopir.traverse import find_loop, loads, loops
 from .apply import first_legal
-from .directives import Pack, Parallel, Reorder, ScheduleError, Split, UnrollJam, Vectorize
+from .directives import DotProduct, Pack, Parallel, Reorder, ScheduleError, Split, UnrollJam, Vectorize
 from .loops import check_parallel, check_unroll_jam
 
 # a projection's register tile by lanes: (rows sharing each vector of weights, vector
 # accumulators the tile may hold). AVX-512 has 32 vector registers: 24 accumulators leave room
 # for the weights' vectors and a broadcast (bench/row_tile: 6 rows beat 4, 7 and 8); AVX2 has 16.
 TILES = {16: (6, 24), 8: (4, 12)}
+# an int8 projection's tile: (rows, registers for its int32 and float32 sums). AVX-512: 3 rows x
+# 4 column vectors x 2 = 24 of 32 registers, leaving the weights' vectors and the activation's
+# |x| and sign; AVX2: 2 rows x 2 column vectors x 2 = 8 of 16.
+TILES_INT8 = {16: (3, 24), 8: (2, 8)}
 ATTENTION_ROWS = 8  # query rows unrolled and jammed in attention
 
 
@@ -53,7 +57,26 @@ def _column_loop(k: Kernel):
     return None
 
 
+def _block_column_loop(k: Kernel):
+    """(column loop, the output loop around it or None, block loop, the block's int8 product
+    loop) for a block-quantized matmul: an output loop holding one reduction over blocks whose
+    body holds one reduction over a block's elements; or None."""
+    for lp in loops(k.body):
+        blocks = [s for s in lp.body if isinstance(s, Loop)]
+        if not (lp.is_output and len(blocks) == 1 and not blocks[0].is_output):
+            continue
+        inner = [s for s in blocks[0].body if isinstance(s, Loop)]
+        if len(inner) == 1 and not inner[0].is_output and not any(isinstance(s, Loop) for s in inner[0].body):
+            outer = find_loop(k.body, lp.var)[1]
+            row = outer[-1] if outer and outer[-1].is_output else None
+            return lp, row, blocks[0], inner[0]
+    return None
+
+
 def _candidates(k: Kernel, lanes: int, weights: frozenset):
+    block = _block_column_loop(k)
+    if block and lanes:
+        yield from _block_projection(k, *block, lanes, weights)
     found = _column_loop(k)
     if found:
         col, row, reduction = found
@@ -85,6 +108,34 @@ def _projection(k: Kernel, col: Loop, row, reduction: Loop, lanes: int, packed: 
             yield base + unroll + [Reorder(row.var, col.var), Split(row.var, rows),
                                    UnrollJam(row.var + "i", rows), Parallel(col.var)]
         yield base + unroll + [Parallel(col.var)]
+
+
+def _block_projection(k: Kernel, col: Loop, row, blocks: Loop, products: Loop, lanes: int, weights: frozenset):
+    """An int8 projection: columns in vector lanes, each block's products as dot products of 4
+    (DotProduct), the int8 weight packed so a lane's 4 values are adjacent and the float16
+    scales so the lanes' are, several column vectors and (prefill) a tile of rows sharing each
+    activation group. Each lane keeps an int32 sum and a float32 sum: 2 registers per column
+    vector and row (TILES_INT8's budget)."""
+    dtypes = {p.name: p.dtype for p in k.params}
+    quants = sorted({ld.param for ld in loads(products.body) if ld.param in weights and dtypes[ld.param] == "i8"})
+    scales = sorted({ld.param for ld in loads(blocks.body) if ld.param in weights and dtypes[ld.param] == "f16"
+                     and ld.param not in quants})
+    if not quants or not isinstance(blocks.extent, IConst) or not isinstance(products.extent, IConst):
+        return
+    n_blocks, block = blocks.extent.value, products.extent.value
+    rows, budget = TILES_INT8[lanes]
+    accumulators = sum(1 for s in col.body if isinstance(s, AccInit))
+    for columns in (4, 2, 1):
+        if 2 * columns * accumulators * rows > budget and columns > 1:
+            continue
+        packs = [Pack(p, n_blocks * block, lanes * columns, 4) for p in quants] + \
+            [Pack(p, n_blocks, lanes * columns) for p in scales]
+        head = [Vectorize(col.var, lanes), DotProduct(products.var, 4)] + \
+            ([UnrollJam(col.var, columns)] if columns > 1 else []) + packs
+        if row is not None and not isinstance(row.extent, IConst):
+            yield head + [Reorder(row.var, col.var), Split(row.var, rows), UnrollJam(row.var + "i", rows),
+                          Parallel(col.var)]
+        yield head + [Parallel(col.var)]
 
 
 def _activation_product(col: Loop, row: Loop, lanes: int):

@@ -7,22 +7,25 @@ has no exact vector form is refused rather than approximated:
   - integer arithmetic that differs between lanes (a lane-dependent comparison, cast or index
     that is not linear in the lane), including a select on a lane-dependent condition, whose
     lanes would evaluate both operands, one of them possibly out of bounds;
-  - a store whose lanes do not write consecutive elements, and non-float32 lanes.
-Loads must be contiguous across lanes (stride 1) or the same for every lane (a broadcast); a
-strided load is allowed while the schedule is built, because Pack may make it contiguous, and
-refused by check_lanes once the schedule is complete.
+  - a store whose lanes do not write consecutive elements, and stores that are not float32.
+Lanes hold float32 or int32: an int8 load is widened to int32 and a float16 load to float32 as
+it is read (both exact), and a Dot's lane reads a group of consecutive int8 values. Loads must
+be contiguous across lanes (stride 1; a Dot's groups: stride = its width) or the same for every
+lane (a broadcast); a strided load is allowed while the schedule is built, because Pack may make
+it contiguous, and refused by check_lanes once the schedule is complete.
 """
 from __future__ import annotations
 
 import dataclasses
 
-from ..loopir.affine import linear
-from ..loopir.ir import AccUpdate, Bin, IConst, Kernel, Lane, Load, Loop, Select, Store, Var
-from ..loopir.traverse import (contains, declared, expressions, find_loop, loads, loops, replace, statements,
-                               substitute, walk)
+from ..loopir.affine import build, linear
+from ..loopir.ir import AccUpdate, Bin, Cast, Dot, IConst, Kernel, Lane, Load, Loop, Select, Store, Var
+from ..loopir.traverse import (contains, declared, expressions, find_loop, loads, loops, replace, rewrite,
+                               statements, substitute, walk)
 from .directives import ScheduleError, Vectorize
 
 TARGET_LANES = (8, 16)  # AVX2, AVX-512
+CONVERTED = {("i8", "i32"), ("i8", "f32"), ("f16", "f32")}  # loads whose lanes are read converted
 
 
 def lane_stride(k: Kernel, what: str, index) -> int:
@@ -35,13 +38,29 @@ def lane_stride(k: Kernel, what: str, index) -> int:
     return terms.get(Lane(), 0)
 
 
+def _uniform_division(n, lanes: int):
+    """(i * lanes + c + lane) / D with D and c multiples of lanes is (i * lanes + c) / D in every
+    lane, and % D is (i * lanes + c) % D + lane: a block index shared by a vector's lanes (the
+    block scale of the lanes' columns) needs no lane-dependent integer arithmetic."""
+    if not (isinstance(n, Bin) and n.op in ("/", "%") and isinstance(n.b, IConst) and n.b.value % lanes == 0):
+        return None
+    terms, const = linear(n.a)
+    if terms.get(Lane()) != 1 or const % lanes:
+        return None
+    rest = {a: c for a, c in terms.items() if a != Lane()}
+    if any(contains(a, Lane) or c % lanes for a, c in rest.items()):
+        return None
+    uniform = Bin(n.op, build(rest, const), n.b)
+    return uniform if n.op == "/" else Bin("+", uniform, Lane())
+
+
 def _check_value(k: Kernel, e, dtypes: dict) -> None:
     """A value computed in a vector loop: lanes may differ only through loads."""
     for n in walk(e, descend=lambda n: not isinstance(n, Load)):  # an index may use the lane
         if isinstance(n, Load):
-            if lane_stride(k, n.param, n.index) and dtypes[n.param] != "f32":
-                raise ScheduleError(f"{k.name}: {n.param} holds {dtypes[n.param]}, and only float32 lanes are "
-                                    f"vectorized")
+            if lane_stride(k, n.param, n.index) and dtypes[n.param] not in ("f32", "i8", "f16"):
+                raise ScheduleError(f"{k.name}: {n.param} holds {dtypes[n.param]}, and only float32, int8 and "
+                                    f"float16 lanes are vectorized")
         elif isinstance(n, Select) and contains(n.cond, Lane):
             raise ScheduleError(f"{k.name}: a select on a lane-dependent condition: its lanes would evaluate "
                                 f"both operands, and one may be out of bounds")
@@ -73,6 +92,7 @@ def vectorize(k: Kernel, d: Vectorize) -> tuple:
         raise ScheduleError(f"{k.name}: loop {d.loop!r} carries {carried[0]!r} from one iteration to the "
                             f"next; its lanes would carry a value across lanes")
     body = substitute(loop.body, {d.loop: Bin("+", Bin("*", Var(d.loop), IConst(d.lanes)), Lane())})
+    body = rewrite(body, lambda n: _uniform_division(n, d.lanes))
     dtypes = {p.name: p.dtype for p in k.params}
     for s in statements(body):
         for e in (s.value,) if isinstance(s, Store) else expressions(s):
@@ -92,13 +112,43 @@ def vectorize(k: Kernel, d: Vectorize) -> tuple:
     return replace(k.body, loop, (new,))
 
 
+def _lane_loads(e):
+    """(load, how its lanes are read) for every load in e: ('plain',), ('converted', dtype) under
+    a cast, or ('dot', width) in a Dot; a load inside an index is plain."""
+    for n in walk(e, descend=lambda n: not isinstance(n, (Load, Dot)) and not _converting(n)):
+        if _converting(n):
+            yield n.a, ("converted", n.dtype)
+            yield from ((ld, ("plain",)) for ld in loads(n.a.index))
+        elif isinstance(n, Dot):
+            for ld in (n.a, n.b):
+                yield ld, ("dot", n.width)
+                yield from ((inner, ("plain",)) for inner in loads(ld.index))
+            yield from _lane_loads(n.acc)
+        elif isinstance(n, Load):
+            yield n, ("plain",)
+            yield from ((ld, ("plain",)) for ld in loads(n.index))
+
+
+def _converting(n) -> bool:
+    return isinstance(n, Cast) and isinstance(n.a, Load)
+
+
 def check_lanes(k: Kernel) -> None:
-    """A complete schedule: every load in a vector loop is contiguous or a broadcast."""
+    """A complete schedule: every load in a vector loop is contiguous (a Dot's groups: one group
+    per lane), or a broadcast; int8 and float16 lanes are read converted."""
+    dtypes = {p.name: p.dtype for p in k.params}
     for lp in loops(k.body):
         if not lp.lanes:
             continue
-        for ld in loads(lp.body):
+        for ld, how in _lane_loads(lp.body):
             stride = lane_stride(k, ld.param, ld.index)
-            if stride not in (0, 1):
+            if stride == 0:
+                continue
+            want = how[1] if how[0] == "dot" else 1
+            if stride != want:
                 raise ScheduleError(f"{k.name}: the lanes of {lp.var!r} read {ld.param} with stride "
                                     f"{stride}; Pack({ld.param}, ...) makes them contiguous")
+            converted = how[0] == "converted" and (dtypes[ld.param], how[1]) in CONVERTED
+            if how[0] != "dot" and dtypes[ld.param] != "f32" and not converted:
+                raise ScheduleError(f"{k.name}: the lanes of {lp.var!r} read {dtypes[ld.param]} {ld.param} "
+                                    f"without converting it to float32 or int32")

@@ -1,0 +1,224 @@
+"""int8 (phase 6): block quantization and block_matmul, bitwise against the interpreter.
+
+Integer sums are exact in any order, and the float32 part (float(isum) * (xd * wd), summed over
+blocks in order) is done by the same operations in the same order by the interpreter, the
+scalar kernel and every vector schedule; so every comparison here is bitwise, at every target
+this CPU runs (AVX-512 VNNI, AVX-512 without VNNI, AVX-VNNI, AVX2, scalar), at 1, 2, 3 and 8
+threads, with guard regions around every output, on widths that leave every tail.
+"""
+import subprocess
+
+import numpy as np
+import pytest
+
+from nanocompile import interpreter
+from nanocompile.codegen.graph_library import GraphLibrary
+from nanocompile.frontend import nn
+from nanocompile.ir import SEQ
+from nanocompile.loopir.ir import format_kernel
+from nanocompile.library import CompiledSession
+from nanocompile.quantize import quantize_q8_0, split_q8_0
+from nanocompile.schedule import DotProduct, Pack, Parallel, Vectorize, apply
+from nanocompile.session import InterpreterSession
+from nanocompile.target import runnable_targets, vector_lanes
+
+from helpers import THREADS, graph_kernels, greedy_run, make_graph, random_weights, tiny_config
+
+pytestmark = pytest.mark.c
+
+TARGETS = ["x86-64-v4+vnni", "x86-64-v4", "x86-64-v3+vnni", "x86-64-v3", "x86-64"]
+ENVS = [{"seq": s, "past": p} for s in (1, 3, 7) for p in (0, 5)]
+
+
+def require_target(march):
+    if march not in runnable_targets():
+        pytest.skip(f"this CPU cannot run {march} code")
+
+
+def projection_graph(k, n):
+    """x f32[seq, k] quantized in blocks, times an int8 weight [n, k]: both outputs and the
+    quantized activations."""
+    kp = nn.padded(k)
+
+    def build(b):
+        x = b.input("x", [SEQ, k])
+        xq, xd = nn.quantize_blocks(b, x)
+        return [b.block_matmul(xq, xd, b.weight("wq", [n, kp], "i8"), b.weight("wd", [n, kp // 32], "f16")), xq, xd]
+
+    return make_graph(f"q8_{k}x{n}", build)
+
+
+def weights(k, n, seed=0):
+    qs, d = quantize_q8_0(np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32))
+    return {"wq": qs, "wd": d}
+
+
+def activations(seq, k, rng, kind="normal"):
+    x = (rng.standard_normal((seq, k)) * 3).astype(np.float32)
+    if kind == "zero_block":
+        x[:, :32] = 0.0
+    elif kind == "outlier":
+        x[:, 5] = 1e4  # one large value: the rest of its block rounds to 0
+    return x
+
+
+def check_bitwise(lib, g, w, rng, threads=THREADS, kinds=("normal", "zero_block", "outlier")):
+    k = g.inputs()["x"].shape[1].as_int()
+    for env in ENVS[::2]:
+        for kind in kinds:
+            x = activations(env["seq"], k, rng, kind)
+            want = interpreter.run(g, env, {"x": x}, w)
+            for t in threads:
+                got = lib.run(env, {"x": x}, w, threads=t)
+                for key in want:
+                    assert got[key].dtype == want[key].dtype
+                    assert np.array_equal(got[key].view(np.uint8), want[key].view(np.uint8)), (key, env, kind, t)
+
+
+@pytest.mark.parametrize("k, n", [(64, 32), (70, 48), (45, 16)])  # 70 and 45: a shorter last block
+def test_quantize_and_block_matmul_scalar_kernels_are_bitwise(k, n):
+    g = projection_graph(k, n)
+    w = weights(k, n)
+    for fuse in (False, True):
+        check_bitwise(GraphLibrary(g, fuse=fuse), g, w, np.random.default_rng(1), threads=(1, 3))
+
+
+def test_quantized_activations_follow_the_definition():
+    """Per block of 32: amax = max |x|, xd = amax / 127, xq = rint(x * (127 / amax)), half to
+    even; the zero padding of a shorter last block quantizes to 0."""
+    g = projection_graph(70, 16)
+    x = activations(3, 70, np.random.default_rng(2), "zero_block")
+    out = interpreter.run(g, {"seq": 3, "past": 0}, {"x": x}, weights(70, 16))
+    xq, xd = out["out1"], out["out2"]
+    padded = np.zeros((3, 96), np.float32)
+    padded[:, :70] = x
+    blocks = padded.reshape(3, 3, 32)
+    amax = np.abs(blocks).max(2)
+    assert np.array_equal(xd, amax / np.float32(127))
+    inverse = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    assert np.array_equal(xq.reshape(3, 3, 32), np.rint(blocks * inverse[:, :, None]).astype(np.int8))
+    assert (xq[:, 70:] == 0).all() and (xq[:, :32] == 0).all()
+
+
+@pytest.mark.parametrize("march", TARGETS)
+def test_vector_dot_kernels_are_bitwise_at_every_target(march, monkeypatch):
+    """The int8 recipe's kernel (vector lanes over columns, dot products of 4, packed weights)
+    and a hand-made schedule with one column vector, at each target's lanes."""
+    require_target(march)
+    monkeypatch.setenv("NANOCOMPILE_MARCH", march)
+    lanes = vector_lanes(march)
+    g = projection_graph(70, 64)
+    w = weights(70, 64, seed=3)
+    recipe = GraphLibrary(g, fuse=True, schedule="default")
+    if lanes:
+        assert f"nc_dot4_{lanes}(" in recipe.source, "the recipe used no dot products"
+    check_bitwise(recipe, g, w, np.random.default_rng(4))
+    if lanes:
+        one = (Vectorize("i1", lanes), DotProduct("j", 4), Pack("p2", 96, lanes, 4), Pack("p4", 3, lanes),
+               Parallel("i1"))
+        lib = GraphLibrary(g, fuse=True, schedule=lambda k: one if k.op == "block_matmul" else ())
+        check_bitwise(lib, g, w, np.random.default_rng(5), threads=(1, 2))
+
+
+@pytest.mark.parametrize("march", TARGETS)
+def test_extreme_blocks_do_not_saturate(march, monkeypatch):
+    """Blocks of all +127 and all -127 against weights of all +127 and -127: every pair sum of
+    vpmaddubsw is 2 * 127 * 127 = 32258 < 32767, and each block's sum 32 * 127^2 is exact."""
+    require_target(march)
+    monkeypatch.setenv("NANOCOMPILE_MARCH", march)
+    g = projection_graph(64, 32)
+    lib = GraphLibrary(g, fuse=True, schedule="default")
+    wq = np.full((32, 64), 127, np.int8)
+    wq[16:] = -127
+    w = {"wq": wq, "wd": np.ones((32, 2), np.float16)}
+    x = np.full((2, 64), 5.0, np.float32)
+    x[1] = -5.0  # quantizes to all -127
+    env = {"seq": 2, "past": 0}
+    want = interpreter.run(g, env, {"x": x}, w)
+    assert set(np.unique(want["out1"])) == {127, -127}
+    got = lib.run(env, {"x": x}, w, threads=2)
+    assert np.array_equal(got["out0"], want["out0"])
+    assert abs(want["out0"][0, 0]) == np.float32(64 * 127 * 127) * np.float32(5.0 / 127)
+
+
+def test_dot_product_directive_rewrites_the_block_loop():
+    g = projection_graph(64, 16)
+    k = next(k for k in graph_kernels(g).values() if k.op == "block_matmul")
+    assert "reduce j in 0..32:" in format_kernel(k)
+    text = format_kernel(apply(k, (DotProduct("j", 4),)))
+    assert "reduce j in 0..8:" in text
+    assert "isum = dot4(isum, p1[((i0 * 64) + ((b * 32) + (j * 4)))], p2[((i1 * 64) + ((b * 32) + (j * 4)))])" in text
+
+
+def test_vnni_targets_emit_vpdpbusd(tmp_path, monkeypatch):
+    """The kernels are generated; the target decides the instruction: vpdpbusd with VNNI,
+    vpmaddubsw + vpmaddwd without."""
+    seen = {}
+    for march in ("x86-64-v4+vnni", "x86-64-v3"):
+        monkeypatch.setenv("NANOCOMPILE_MARCH", march)
+        if march not in runnable_targets():
+            continue
+        lib = GraphLibrary(projection_graph(64, 64), fuse=True, schedule="default", directory=tmp_path)
+        disassembly = subprocess.run(["objdump", "-d", str(lib.path)], capture_output=True, text=True).stdout
+        seen[march] = ("vpdpbusd" in disassembly, "vpmaddubsw" in disassembly)
+    if "x86-64-v4+vnni" in seen:
+        assert seen["x86-64-v4+vnni"][0]
+    if "x86-64-v3" in seen:
+        assert seen["x86-64-v3"] == (False, True)
+
+
+# the model ------------------------------------------------------------------------------------
+
+INT8_CONFIGS = {
+    "whole-blocks-tied": dict(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, layers=2, vocab=256, tied=True),
+    "odd-widths": dict(hidden=45, heads=3, kv_heads=1, head_dim=14, ffn=97, layers=2, vocab=211),
+    "gqa7": dict(hidden=70, heads=7, kv_heads=1, head_dim=10, ffn=131, layers=2, vocab=301),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INT8_CONFIGS))
+def test_int8_model_scheduled_is_bitwise_unscheduled_at_every_target(name):
+    """Every target this CPU runs for the odd widths (every tail of the blocks, the lanes and the
+    row tiles); this CPU's own for the others."""
+    cfg = tiny_config(**INT8_CONFIGS[name])
+    targets = runnable_targets() if name == "odd-widths" else runnable_targets()[:1]
+    w = random_weights(cfg, seed=4)
+    ids = [int(t) for t in np.random.default_rng(6).integers(0, cfg.vocab_size, 70)]  # chunks of 64 and 6
+    base = CompiledSession(cfg, w, n_ctx=128, precision="int8", schedule=False)
+    want = [base.step(ids, all_logits=True)] + [base.step([t]) for t in (5, 6, 7)]
+    for march in targets:
+        for threads in THREADS:
+            s = CompiledSession(cfg, w, n_ctx=128, precision="int8", threads=threads, march=march)
+            got = [s.step(ids, all_logits=True)] + [s.step([t]) for t in (5, 6, 7)]
+            assert all(np.array_equal(a, b) for a, b in zip(want, got)), (march, threads)
+            for layer in range(cfg.num_hidden_layers):
+                for a, b in zip(s.read_cache(layer), base.read_cache(layer)):
+                    assert np.array_equal(a, b)
+            s.close()
+
+
+@pytest.mark.parametrize("name", sorted(INT8_CONFIGS))
+def test_int8_model_agrees_with_the_int8_interpreter(name):
+    """The interpreter's float32 parts (attention) sum in BLAS's order, so logits agree within
+    float32 rounding, not bitwise; greedy tokens are identical."""
+    cfg = tiny_config(**INT8_CONFIGS[name])
+    w = random_weights(cfg, seed=4)
+    prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32]
+    compiled = greedy_run(CompiledSession(cfg, w, n_ctx=64, precision="int8", threads=2), prompt, 16)
+    interp = greedy_run(InterpreterSession(cfg, w, n_ctx=64, precision="int8"), prompt, 16)
+    assert compiled["tokens"] == interp["tokens"]
+    assert np.abs(compiled["prompt_logits"] - interp["prompt_logits"]).max() <= 1e-4
+
+
+def test_q8_0_tensors_split_as_stored():
+    """A GGUF Q8_0 tensor's blocks (a float16 scale, 32 int8 values) split into the kernels'
+    arrays without a float32 round trip: the same bytes."""
+    import gguf
+    w = np.random.default_rng(7).standard_normal((8, 64)).astype(np.float32)
+    raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
+    qs, d = split_q8_0(raw, 8, 64)
+    blocks = raw.reshape(8, 2, 34)
+    assert np.array_equal(qs.view(np.uint8).reshape(8, 2, 32), blocks[:, :, 2:])
+    assert np.array_equal(d.view(np.uint8).reshape(8, 2, 2), blocks[:, :, :2])
+    q2, d2 = quantize_q8_0(w)
+    assert np.array_equal(q2, qs) and np.array_equal(d2, d)
