@@ -5,30 +5,9 @@ F32 (and Q8_0), so llama.cpp and nanocompile run identical numbers.
 """
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
-FTYPES = {"f32": 0, "q8_0": 7}
-
-
-def requantized(source: Path, precision: str, directory: Path) -> Path:
-    """source written as an F32 or Q8_0 GGUF by llama.cpp (cached next to the source's cache)."""
-    import llama_cpp
-
-    dest = directory / f"{source.stem}.{precision}.gguf"
-    if dest.exists():
-        return dest
-    directory.mkdir(parents=True, exist_ok=True)
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = FTYPES[precision]
-    params.allow_requantize = True
-    params.nthread = 2
-    tmp = dest.with_suffix(".tmp")
-    rc = llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params))
-    if rc != 0:
-        raise RuntimeError(f"llama_model_quantize failed ({rc})")
-    tmp.rename(dest)
-    return dest
+from nanocompile.peer import quiet_stderr, requantized  # noqa: F401  (the benchmarks' import point)
 
 
 class LlamaCppEngine:

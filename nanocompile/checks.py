@@ -40,6 +40,9 @@ def check_precision(precision: str) -> str:
 def weights_in(precision: str, cfg: Qwen2Config, weights, q8_0=None):
     """The weights as a precision's graph reads them (int8: quantized as they are asked for, or
     split from the Q8_0 tensors a GGUF file stores)."""
-    if precision == "int8" and not isinstance(weights, Int8Weights):
-        return Int8Weights(weights, quantized_weights(cfg), q8_0)
-    return weights
+    if precision != "int8" or isinstance(weights, Int8Weights):
+        return weights
+    quantized = quantized_weights(cfg)
+    if all(name + ".qs" in weights for name in quantized):
+        return weights  # already in int8's form
+    return Int8Weights(weights, quantized, q8_0)

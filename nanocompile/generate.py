@@ -19,6 +19,7 @@ from .codegen.render import data_root, render_tree
 from .compiler import DEFAULT_CHUNK, STAGES, Module, compile_model
 from .errors import NanocompileError
 from .frontend.config import Qwen2Config
+from .frontend.qwen2 import PRECISIONS
 from .pack import pack_weights
 
 DEFAULT_ARCH = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -50,7 +51,7 @@ def main(argv=None) -> int:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("-m", "--model", help="'default', a GGUF file or a Hugging Face directory")
     src.add_argument("--default-arch", action="store_true", help="Qwen2.5-0.5B's architecture, no weights")
-    ap.add_argument("--precision", default="f32", choices=["f32"])
+    ap.add_argument("--precision", default="f32", choices=list(PRECISIONS))
     ap.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="largest chunk of new tokens per pass")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--no-weights", action="store_true", help="do not write weights.bin")
@@ -70,7 +71,10 @@ def main(argv=None) -> int:
         module = compile_model(cfg, args.precision, args.chunk, dump_after=args.dump_after)
         write_tree(module, args.out)
         if model is not None and not args.no_weights:
-            pack_weights(module, model.weights, args.out / "weights.bin")
+            from .checks import weights_in
+            from .models import stored_q8_0
+            q8_0 = stored_q8_0(model) if args.precision == "int8" else None
+            pack_weights(module, weights_in(args.precision, cfg, model.weights, q8_0), args.out / "weights.bin")
     except NanocompileError as e:
         print(f"nanocompile.generate: error: {e}", file=sys.stderr)
         return 1

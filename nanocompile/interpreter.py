@@ -3,9 +3,19 @@
 Every primitive is one NumPy expression on float32 (or int32, bool) arrays, and every result
 is checked against the shape and dtype that inference promised. It is kept plain on purpose:
 passes and generated code are tested against it, so it must stay obviously right.
+
+Two orders of evaluation, both within each primitive's definition (docs/PRIMITIVES.md):
+  "numpy"     matmul through NumPy's BLAS, reduce_sum as NumPy sums, exp/sin/cos NumPy's (fast);
+  "compiled"  matmul and reduce_sum adding their terms in index order, one rounding each, and
+              exp/sin/cos the C library's float functions: what the generated code does, so a
+              library agrees with it bit for bit. int8 needs it: quantizing activations turns a
+              float32 rounding difference into a different int8 value.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 from typing import Mapping
 
 import numpy as np
@@ -21,10 +31,48 @@ class InterpreterError(RuntimeError):
     pass
 
 
-def evaluate_node(node: Node, vals: list, env: Mapping[str, int], inputs, weights):
+ORDERS = ("numpy", "compiled")
+
+
+@functools.lru_cache(maxsize=None)
+def _libm(name: str):
+    fn = getattr(ctypes.CDLL(ctypes.util.find_library("m")), name)
+    fn.argtypes, fn.restype = [ctypes.c_float], ctypes.c_float
+    return np.frompyfunc(fn, 1, 1)
+
+
+def libm_float(op: str, x: np.ndarray) -> np.ndarray:
+    """expf, sinf or cosf of the C library, elementwise: the generated code's functions."""
+    return np.asarray(_libm(op + "f")(x), dtype=np.float32).reshape(x.shape)
+
+
+def sequential_sum(x: np.ndarray, axis: int) -> np.ndarray:
+    """The sum along axis from 0.0, one term at a time in index order (keeps the axis)."""
+    zero = np.zeros_like(np.take(x, [0], axis=axis))
+    total = np.add.accumulate(np.concatenate([zero, x], axis=axis), axis=axis, dtype=np.float32)
+    return np.take(total, [x.shape[axis]], axis=axis)
+
+
+def sequential_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b with each output's products added from 0.0 in k order, each product and sum
+    rounded on its own (no fused multiply-add)."""
+    out = np.zeros(a.shape[:-1] + b.shape[-1:], np.float32)
+    for k in range(a.shape[-1]):
+        out = out + a[..., :, k:k + 1] * b[..., k:k + 1, :]
+    return out
+
+
+def evaluate_node(node: Node, vals: list, env: Mapping[str, int], inputs, weights, order: str = "numpy"):
     a = node.attrs
     x = [vals[i] for i in node.args]
     op = node.op
+    if order == "compiled":
+        if op in ("exp", "sin", "cos"):
+            return libm_float(op, x[0])
+        if op == "reduce_sum":
+            return sequential_sum(x[0], a["axis"])
+        if op == "matmul":
+            return sequential_matmul(x[0], x[1])
     if op == "input":
         return inputs[a["name"]]
     if op == "weight":
@@ -84,12 +132,14 @@ def block_matmul(xq: np.ndarray, xd: np.ndarray, wq: np.ndarray, wd: np.ndarray)
     m, k = xq.shape
     blocks = k // QBLOCK
     out = np.zeros((m, wq.shape[0]), np.float32)
+    x3 = xq.reshape(m, blocks, QBLOCK)
+    w3 = wq.reshape(wq.shape[0], blocks, QBLOCK)
     for b in range(blocks):
-        cols = slice(b * QBLOCK, (b + 1) * QBLOCK)
-        # float64 products and sums of int8 values are exact: |isum| <= 32 * 128 * 128 < 2^53
-        isum = xq[:, cols].astype(np.float64) @ wq[:, cols].astype(np.float64).T
+        # int8 products and their sums over a block are integers below 32 * 128 * 128 < 2^24, so
+        # float32 arithmetic holds them exactly, in whatever order BLAS adds them
+        isum = (w3[:, b].astype(np.float32) @ x3[:, b].astype(np.float32).T).T
         scale = xd[:, b:b + 1] * wd[:, b].astype(np.float32)[None, :]
-        out = out + isum.astype(np.float32) * scale
+        out = out + isum * scale
     return out
 
 
@@ -107,8 +157,11 @@ def check_feeds(graph: Graph, env: Mapping[str, int], inputs: Mapping[str, np.nd
 
 
 def run(graph: Graph, env: Mapping[str, int], inputs: Mapping[str, np.ndarray],
-        weights: Mapping[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+        weights: Mapping[str, np.ndarray], outputs: list[str] | None = None,
+        order: str = "numpy") -> dict[str, np.ndarray]:
     """Runs the graph with the symbols bound by env (e.g. {"seq": 5, "past": 0})."""
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     check_feeds(graph, env, inputs, weights)
     wanted = list(graph.outputs) if outputs is None else outputs
     # free each value after its last use so a whole model's activations are not all kept
@@ -121,7 +174,7 @@ def run(graph: Graph, env: Mapping[str, int], inputs: Mapping[str, np.ndarray],
     # exp of a large argument overflows to inf by definition (IEEE), not by accident
     with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
         for node in graph.nodes:
-            value = evaluate_node(node, vals, env, inputs, weights)
+            value = evaluate_node(node, vals, env, inputs, weights, order)
             value = np.asarray(value)
             want = evaluate_shape(node.shape, env)
             if value.shape != want or value.dtype != NP_DTYPES[node.dtype]:

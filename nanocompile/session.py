@@ -6,6 +6,8 @@ steps that would overflow the context, so a rejected step leaves the state as it
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from . import interpreter
@@ -23,12 +25,15 @@ class InterpreterSession:
     backend_name = "interp"
 
     def __init__(self, config: Qwen2Config, weights: dict[str, np.ndarray], n_ctx: int = 4096,
-                 precision: str = "f32"):
+                 precision: str = "f32", order: str | None = None):
+        """order: the interpreter's ("numpy" or "compiled"); by default "compiled" for int8,
+        whose quantized activations would turn BLAS's other rounding into other int8 values."""
         self.config = config
         self.n_ctx = check_n_ctx(n_ctx, config)
         self.precision = check_precision(precision)
         self.weights = dict(weights_in(precision, config, weights))
-        self._run = interpreter.run
+        self.order = order or ("compiled" if precision == "int8" else "numpy")
+        self._run = functools.partial(interpreter.run, order=self.order)
         self._graphs = {False: build_qwen2(config, "last", precision), True: build_qwen2(config, "all", precision)}
         self.reset()
 

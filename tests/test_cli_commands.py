@@ -41,7 +41,7 @@ def nc(*args, env=None, stdin=None, check=True):
     (["run", "-t", "-3", "-p", "x"], 2, "threads must be at least 1, got -3"),
     (["run", "-t", "two", "-p", "x"], 2, "threads must be an integer"),
     (["bench", "-p", "a,b"], 2, "want integers separated by commas"),
-    (["run", "-p", "x", "--precision", "int8"], 1, "only f32 is supported so far"),
+    (["run", "-p", "x", "--precision", "int4"], 2, "invalid choice: 'int4'"),
     (["run", "-p", "x", "-n", "-5"], 1, "-n must be -1"),
 ])
 def test_bad_flags_get_a_clear_message(args, status, message):

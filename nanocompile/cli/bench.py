@@ -13,7 +13,10 @@ import statistics
 import sys
 import time
 
+import numpy as np
+
 from ..errors import NanocompileError
+from ..frontend.qwen2 import weight_specs
 from .common import add_model_flags, check_precision, int_list, set_blas_threads
 
 
@@ -42,7 +45,6 @@ def _params(n: int) -> str:
 
 
 def cmd_bench(args) -> int:
-    import numpy as np
 
     from ..models import load_model
     from ..session import open_session
@@ -68,18 +70,20 @@ def cmd_bench(args) -> int:
     rows = []
     for threads in args.threads:
         set_blas_threads(threads)
-        session = open_session(model, args.backend, n_ctx=n_ctx, threads=threads, progress=not args.quiet)
+        session = open_session(model, args.backend, n_ctx=n_ctx, threads=threads, progress=not args.quiet,
+                               precision=args.precision)
         for kind, size in tests:
             tokens = [int(t) for t in rng.integers(0, cfg.vocab_size, size)]
             run = (lambda: _pp(session, tokens)) if kind == "pp" else (lambda: _tg(session, tokens[0], size))
             run()  # warm-up
             samples = [run() for _ in range(args.repetitions)]
-            rows.append({"model": f"qwen2 {_params(n_params)} {args.precision.upper()}", "size": _size(4 * n_params),
+            rows.append({"model": f"qwen2 {_params(n_params)} {args.precision.upper()}",
+                         "size": _size(weights_bytes(cfg, args.precision)),
                          "params": _params(n_params), "precision": args.precision,
                          "backend": session.backend_name, "threads": threads,
                          "test": f"{kind}{size}", "n_prompt": size if kind == "pp" else 0,
                          "n_gen": size if kind == "tg" else 0, "model_n_params": n_params,
-                         "model_size": 4 * n_params, "avg_ts": statistics.mean(samples),
+                         "model_size": weights_bytes(cfg, args.precision), "avg_ts": statistics.mean(samples),
                          "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0, "samples_ts": samples})
             if args.output == "md" and not args.quiet:
                 print(f"  {kind}{size} at {threads} threads: {statistics.mean(samples):.2f} t/s", file=sys.stderr)
@@ -89,6 +93,13 @@ def cmd_bench(args) -> int:
 
 
 COLUMNS = ("model", "size", "params", "precision", "backend", "threads", "test")
+
+
+def weights_bytes(cfg, precision: str) -> int:
+    """The bytes of the weights in a precision's form (int8: 1 byte per value and a float16
+    scale per 32), as the packed weights file holds them."""
+    sizes = {"f32": 4, "i8": 1, "f16": 2}
+    return sum(int(np.prod(shape)) * sizes[dtype] for shape, dtype in weight_specs(cfg, precision).values())
 
 
 def render(rows: list[dict], fmt: str) -> str:

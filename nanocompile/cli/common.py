@@ -5,6 +5,7 @@ import argparse
 import os
 
 from ..errors import NanocompileError
+from ..frontend.qwen2 import PRECISIONS
 
 
 def positive_threads(value: str) -> int:
@@ -39,7 +40,9 @@ def add_model_flags(p: argparse.ArgumentParser, threads: bool = True) -> None:
     if threads:
         p.add_argument("-t", "--threads", type=positive_threads, default=2,
                        help="threads (the interpreter passes them to NumPy's BLAS)")
-    p.add_argument("--precision", default="f32", help="weights and arithmetic: f32 (int8 is a later phase)")
+    p.add_argument("--precision", default="f32", choices=list(PRECISIONS),
+                   help="f32: float32 weights and arithmetic; int8: Q8_0 weights, activations quantized in "
+                        "blocks of 32, exact int32 dot products (norms, attention and the KV cache stay float32)")
     p.add_argument("--backend", choices=["compiled", "interp"], default="compiled",
                    help="compiled: the whole-model C library (default); interp: the NumPy interpreter")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
@@ -63,9 +66,8 @@ def sampler_from(args):
 
 
 def check_precision(precision: str) -> None:
-    if precision != "f32":
-        raise NanocompileError(f"--precision {precision}: only f32 is supported so far (int8 with AVX-VNNI is "
-                               f"phase 6 of docs/ROADMAP.md)")
+    if precision not in PRECISIONS:
+        raise NanocompileError(f"--precision {precision}: choose from {', '.join(PRECISIONS)}")
 
 
 def open_model_session(args, n_ctx: int | None):
@@ -78,5 +80,6 @@ def open_model_session(args, n_ctx: int | None):
     if n_ctx is None:
         n_ctx = min(4096, model.config.max_position_embeddings)
     threads = getattr(args, "threads", 2)
-    session = open_session(model, args.backend, n_ctx=n_ctx, threads=threads, progress=not args.quiet)
+    session = open_session(model, args.backend, n_ctx=n_ctx, threads=threads, progress=not args.quiet,
+                           precision=args.precision)
     return model, session

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from ..compiler import STAGES
+from ..frontend.qwen2 import PRECISIONS
 from .common import check_precision
 
 
@@ -22,7 +23,8 @@ def cmd_compile(args) -> int:
     from ..build import find_or_build
     from ..compiler import compile_model
     from ..library import progress_bar, packed_weights_path
-    from ..models import load_model
+    from ..checks import weights_in
+    from ..models import load_model, stored_q8_0
     from ..pack import pack_weights
 
     check_precision(args.precision)
@@ -48,7 +50,9 @@ def cmd_compile(args) -> int:
         stage("packing weights")
         bar = None if args.quiet else progress_bar(module.weights_bytes, "packing weights")
         try:
-            pack_weights(module, model.weights, packed, bar.update if bar else None)
+            q8_0 = stored_q8_0(model) if args.precision == "int8" else None
+            weights = weights_in(args.precision, model.config, model.weights, q8_0)
+            pack_weights(module, weights, packed, bar.update if bar else None)
         finally:
             if bar:
                 bar.close()
@@ -65,7 +69,7 @@ def cmd_compile(args) -> int:
 def add_parser(sub) -> None:
     p = sub.add_parser("compile", help="build a model's library and pack its weights ahead of time")
     p.add_argument("-m", "--model", default="default", help="'default', a GGUF file or a Hugging Face directory")
-    p.add_argument("--precision", default="f32", help="f32 (int8 is a later phase)")
+    p.add_argument("--precision", default="f32", choices=list(PRECISIONS), help="f32 or int8")
     p.add_argument("--march", help="x86-64 level to compile for (default: this CPU's, e.g. x86-64-v4)")
     p.add_argument("--dump-after", choices=list(STAGES), metavar="STAGE",
                    help=f"print the graph or loop IR after a stage and stop ({', '.join(STAGES)})")

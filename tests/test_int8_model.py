@@ -1,0 +1,94 @@
+"""int8 on the real default model: the weights are llama.cpp's Q8_0 numbers, the shipped int8
+library is bitwise equal to its unfused, unscheduled build, and its greedy tokens are the int8
+interpreter's."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nanocompile.checks import weights_in
+from nanocompile.library import CompiledSession
+from nanocompile.models import stored_q8_0
+from nanocompile.models.gguf_model import GGUFModel
+from nanocompile.peer import requantized
+from nanocompile.quantize import split_q8_0
+from nanocompile.session import InterpreterSession
+
+from helpers import greedy_run, real_prompt_ids
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def int8_weights(real_model):
+    """Every int8 weight, made once (Q8_0 tensors split as stored, the rest quantized)."""
+    return dict(weights_in("int8", real_model.config, real_model.weights, stored_q8_0(real_model)))
+
+
+@pytest.fixture(scope="module")
+def int8_compiled(real_model, int8_weights):
+    return CompiledSession(real_model.config, int8_weights, n_ctx=512, threads=2, weights_key=real_model.key,
+                           precision="int8")
+
+
+def test_int8_weights_are_llama_cpp_q8_0(real_model, int8_weights, tmp_path_factory):
+    """llama.cpp writes a Q8_0 GGUF from the same file (llama_model_quantize, allow_requantize):
+    its Q8_0 tensors against ours, value by value and scale by scale. Ours: Q8_0 tensors split
+    as stored, the others dequantized by the gguf library and quantized by its Q8_0 quantizer,
+    which is ggml's reference quantizer."""
+    q8_path = requantized(Path(real_model.source), "q8_0", tmp_path_factory.mktemp("llama"))
+    theirs = GGUFModel(q8_path).raw_tensors("Q8_0")
+    values = scales = differing_values = differing_scales = 0
+    for name, (raw, (n, k)) in theirs.items():
+        qs, d = split_q8_0(raw, n, k)
+        values, scales = values + qs.size, scales + d.size
+        differing_values += int((qs != int8_weights[name + ".qs"]).sum())
+        differing_scales += int((d.view(np.uint16) != int8_weights[name + ".d"].view(np.uint16)).sum())
+    print(f"{len(theirs)} tensors, {values} int8 values and {scales} scales: {differing_values} values and "
+          f"{differing_scales} scales differ")
+    assert len(theirs) == 24 * 7 + 2  # every projection, the embedding and the output head
+    assert differing_values == 0 and differing_scales == 0
+
+
+def test_real_int8_library_is_bitwise_its_unscheduled_build(real_model, int8_weights, int8_compiled):
+    """The shipped int8 library (fused, scheduled: VNNI or AVX2 dot products, packed weights, 2
+    threads) against the unfused, unscheduled int8 build: prompt, four steps and the KV cache."""
+    ids = real_prompt_ids(real_model, "code")
+    plain = CompiledSession(real_model.config, int8_weights, n_ctx=64, weights_key=real_model.key,
+                            precision="int8", fuse=False, schedule=False)
+    for s in (int8_compiled, plain):
+        s.reset()
+    assert np.array_equal(int8_compiled.step(ids, all_logits=True), plain.step(ids, all_logits=True))
+    for t in (13, 2, 999, 42):
+        assert np.array_equal(int8_compiled.step([t]), plain.step([t]))
+    for layer in (0, 11, 23):
+        for a, b in zip(int8_compiled.read_cache(layer), plain.read_cache(layer)):
+            assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["code", "english", "chat"])
+def test_real_int8_model_is_bitwise_the_int8_interpreter(real_model, int8_weights, int8_compiled, name):
+    """The int8 interpreter adds its float32 parts (attention, norms) in the generated code's
+    order and calls the C library's expf, sinf, cosf: the compiled int8 model gives the same
+    logits bit for bit at every step, so the same greedy tokens. (In NumPy's order, activation
+    quantization turns float32 rounding differences into other int8 values: on the code prompt
+    the logits differed by up to 0.31 and a near tie flipped a token at step 14.)"""
+    interp = InterpreterSession(real_model.config, int8_weights, n_ctx=128, precision="int8")
+    assert interp.order == "compiled"
+    ids = real_prompt_ids(real_model, name)
+    want = greedy_run(interp, ids, 16)
+    got = greedy_run(int8_compiled, ids, 16)
+    assert got["tokens"] == want["tokens"]
+    assert np.array_equal(got["prompt_logits"], want["prompt_logits"])
+    assert all(np.array_equal(a, b) for a, b in zip(got["step_logits"], want["step_logits"]))
+
+
+def test_open_session_reads_q8_0_as_stored(real_model):
+    """The default file's Q8_0 tensors (the output head, some v projections) reach the int8
+    weights without a float32 round trip."""
+    stored = stored_q8_0(real_model)
+    assert "lm_head.weight" in stored and len(stored) == 13
+    weights = weights_in("int8", real_model.config, {}, stored)  # no float32 weights to fall back on
+    raw, (n, k) = stored["lm_head.weight"]
+    qs, d = split_q8_0(raw, n, k)
+    assert np.array_equal(weights["lm_head.weight.qs"], qs) and np.array_equal(weights["lm_head.weight.d"], d)
