@@ -76,7 +76,8 @@ BACKENDS = ("compiled", "interp")
 def open_session(model, backend: str = "compiled", n_ctx: int = 4096, threads: int = 1, progress: bool = False):
     """A session on a LoadedModel: the compiled library (default) or the NumPy interpreter."""
     if backend == "interp":
-        return InterpreterSession(model.config, model.weights, n_ctx=n_ctx)
+        # every weight converted (and checked) before the first step
+        return InterpreterSession(model.config, model.weights.materialize(), n_ctx=n_ctx)
     if backend == "compiled":
         from .library import CompiledSession
         return CompiledSession(model.config, model.weights, n_ctx=n_ctx, threads=threads,

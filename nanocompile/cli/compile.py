@@ -20,9 +20,8 @@ def _size(n: int) -> str:
 def cmd_compile(args) -> int:
     from ..build import find_or_build
     from ..compiler import compile_model
-    from ..library import _bar, packed_weights_path
+    from ..library import open_packed
     from ..models import load_model
-    from ..pack import pack_weights
 
     check_precision(args.precision)
 
@@ -36,17 +35,9 @@ def cmd_compile(args) -> int:
     module = compile_model(model.config, precision=args.precision, march=args.march)
     stage(f"building the library ({module.march}, {len(module.kernels)} kernels) with CMake, or finding it built")
     lib, manifest = find_or_build(module)
-    packed = packed_weights_path(module, model.key)
-    if packed.exists():
-        stage("packed weights: already in the cache")
-    else:
-        stage("packing weights")
-        bar = None if args.quiet else _bar(module.weights_bytes, "packing weights")
-        try:
-            pack_weights(module, model.weights, packed, bar.update if bar else None)
-        finally:
-            if bar:
-                bar.close()
+    stage("packed weights: checking the cache, or packing them from the model file")
+    packed, _, made = open_packed(module, model.weights, model.key, progress=not args.quiet)
+    stage("packing weights: done" if made else "packed weights: already in the cache")
     stage("done")
     print(f"model     {model.source}")
     print(f"library   {lib} ({_size(Path(lib).stat().st_size)}), fingerprint {module.fingerprint_hash[:16]}, "
