@@ -58,9 +58,12 @@ def survey(root: Path, current: Current) -> list[Entry]:
     entries: list[Entry] = []
     entries += _temporaries(root)
     entries += _models(root / "models", current)
-    entries += _packed(root / "packed", current)
+    packed = _packed(root / "packed", current)
+    entries += packed
     entries += _libs(root / "libs", current)
-    entries += _records(root)
+    live_sources = {(read_record(sidecar_path(e.path)) or {}).get("made_from", {}).get("source")
+                    for e in packed if e.state == "ok"}
+    entries += _records(root, live_sources)
     if (root / "weights").is_dir():
         for d in sorted((root / "weights").iterdir()):
             entries.append(Entry("float32 copy", d, _bytes(d), stale="old format: dequantized float32 weights, "
@@ -141,9 +144,11 @@ def _libs(d: Path, current: Current) -> list[Entry]:
     return out
 
 
-def _records(root: Path) -> list[Entry]:
+def _records(root: Path, live_sources: set) -> list[Entry]:
+    """Index entries, and check results: kept while an index entry or a current packed file
+    (a directory's hash is not in the index, its files' are) has that content."""
     out = []
-    live_hashes = set()
+    live_hashes = set(live_sources)
     for p in _files(root / "index"):
         record = read_record(p)
         e = Entry("index", p, _bytes(p), problem=None if record else "is damaged")
@@ -162,16 +167,10 @@ def _records(root: Path) -> list[Entry]:
     for p in _files(root / "checked"):
         record = read_record(p)
         e = Entry("check", p, _bytes(p), problem=None if record is not None else "is damaged")
-        if record is not None and p.stem not in live_hashes and not _is_dir_hash_in_use(p.stem, root):
-            e.stale = "no model file in the index has this content"
+        if record is not None and p.stem not in live_hashes:
+            e.stale = "no model file in the index, and no packed weights, has this content"
         out.append(e)
     return out
-
-
-def _is_dir_hash_in_use(digest: str, root: Path) -> bool:
-    """A directory's hash is not in the index (its files are); a packed file names it."""
-    packed = root / "packed"
-    return packed.is_dir() and any(p.name.startswith(digest[:20]) for p in packed.iterdir())
 
 
 def _library_file(tree: Path) -> Path:

@@ -79,7 +79,7 @@ def default_model_path(progress_factory=None) -> Path:
         parts = part_files()
         bar = progress_factory(SIZE, "assembling default model") if progress_factory else None
         try:
-            return assemble(parts, dest, progress=bar.update if bar else None)
+            return assemble(parts, dest, SHA256, progress=bar.update if bar else None)
         finally:
             if bar:
                 bar.close()
