@@ -71,8 +71,8 @@ class Qwen2Config:
         arch = d.get("model_type")
         if arch != "qwen2":
             raise ConfigError(f"{where}: unsupported architecture {arch!r}; nanocompile compiles qwen2")
-        rope = _field(d, "rope_parameters", dict, where, {}) or {}
-        scaling = _field(d, "rope_scaling", dict, where, {}) or {}
+        rope = _field(d, "rope_parameters", dict, where, {}, nullable=True)
+        scaling = _field(d, "rope_scaling", dict, where, {}, nullable=True)
         if "rope_theta" in d:
             theta = _number(d, "rope_theta", where)
         elif "rope_theta" in rope:
@@ -84,14 +84,14 @@ class Qwen2Config:
                 kind = source.get(key, "default")
                 if kind not in ("default", None):
                     raise ConfigError(f"{where}: {label}.{key} is {kind!r}; only 'default' rope is supported")
-        if _field(d, "use_sliding_window", bool, where, False):
+        if _field(d, "use_sliding_window", bool, where, False, nullable=True):
             raise ConfigError(f"{where}: use_sliding_window is true; sliding-window attention is not supported")
         act = _field(d, "hidden_act", str, where, "silu")
         if act != "silu":
             raise ConfigError(f"{where}: hidden_act is {act!r}; qwen2 uses 'silu'")
         hidden = _integer(d, "hidden_size", where)
         heads = _integer(d, "num_attention_heads", where)
-        head_dim = _integer(d, "head_dim", where, None)
+        head_dim = _integer(d, "head_dim", where, None, nullable=True)
         if head_dim is None:
             if hidden < heads:
                 raise ConfigError(f"{where}: num_attention_heads ({heads}) is larger than hidden_size ({hidden})")
@@ -101,7 +101,7 @@ class Qwen2Config:
             intermediate_size=_integer(d, "intermediate_size", where),
             num_hidden_layers=_integer(d, "num_hidden_layers", where),
             num_attention_heads=heads,
-            num_key_value_heads=_integer(d, "num_key_value_heads", where, heads),
+            num_key_value_heads=_integer(d, "num_key_value_heads", where, heads, nullable=True),
             vocab_size=_integer(d, "vocab_size", where),
             head_dim=head_dim,
             rope_theta=float(theta),
@@ -136,29 +136,31 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _field(d: dict, key: str, kind: type, where: str, default=_REQUIRED, label: str | None = None):
-    """d[key] if it has JSON type kind; default if the key is absent or null."""
-    value = d.get(key)
-    if value is None:
+def _field(d: dict, key: str, kind: type, where: str, default=_REQUIRED, label: str | None = None,
+           nullable: bool = False):
+    """d[key] if it has JSON type kind; default if the key is absent (or null, where transformers
+    reads null as "not set": nullable)."""
+    if key not in d or (d[key] is None and nullable):
         if default is _REQUIRED:
             raise ConfigError(f"{where}: missing key {label or key!r}")
         return default
+    value = d[key]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         expected = {int: "an integer", bool: "true or false", str: "a string", dict: "an object"}[kind]
         raise ConfigError(f"{where}: {label or key} must be {expected}, found {_json_kind(value)}")
     return value
 
 
-def _integer(d: dict, key: str, where: str, default=_REQUIRED) -> int:
-    return _field(d, key, int, where, default)
+def _integer(d: dict, key: str, where: str, default=_REQUIRED, nullable: bool = False) -> int:
+    return _field(d, key, int, where, default, nullable=nullable)
 
 
 def _number(d: dict, key: str, where: str, default=_REQUIRED, label: str | None = None) -> float:
-    value = d.get(key)
-    if value is None:
+    if key not in d:
         if default is _REQUIRED:
             raise ConfigError(f"{where}: missing key {label or key!r}")
         return default
+    value = d[key]
     if not _is_number(value) or not math.isfinite(value):
         raise ConfigError(f"{where}: {label or key} must be a finite number, found {_json_kind(value)}")
     return value

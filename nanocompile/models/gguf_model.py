@@ -233,7 +233,9 @@ class GGUFModel:
         # a mapping per tensor: once converted, its pages leave this process (a float32 result
         # that is a view keeps only its own)
         raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=t.start, shape=(t.n_bytes,)).reshape(rows, -1)
-        return np.ascontiguousarray(dequantize(raw, qtype).reshape(tuple(reversed(t.dims))), dtype=np.float32)
+        with np.errstate(invalid="ignore", over="ignore"):  # a non-finite scale: reported by the finite check
+            array = dequantize(raw, qtype)
+        return np.ascontiguousarray(array.reshape(tuple(reversed(t.dims))), dtype=np.float32)
 
     def dequantize(self, progress=None) -> dict[str, np.ndarray]:
         """Every tensor as float32 (convert() for each)."""

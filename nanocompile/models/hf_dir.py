@@ -40,9 +40,12 @@ def shard_files(path: Path) -> list[Path]:
     index = path / INDEX
     if index.exists():
         try:
-            weight_map = json.loads(index.read_bytes())["weight_map"]
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-            raise ModelError(f"{index}: malformed index ({type(e).__name__}: {e})") from None
+            data = json.loads(index.read_bytes())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ModelError(f"{index}: not valid JSON ({e})") from None
+        if not isinstance(data, dict) or "weight_map" not in data:
+            raise ModelError(f"{index}: has no 'weight_map'")
+        weight_map = data["weight_map"]
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise ModelError(f"{index}: 'weight_map' must map tensor names to shard file names")
         files = sorted(set(weight_map.values()))
