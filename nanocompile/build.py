@@ -14,7 +14,7 @@ import subprocess
 from importlib import resources
 from pathlib import Path
 
-from .cache.files import check_entry, write_entry
+from .cache.files import CacheError, check_entry, write_entry
 from .cache.location import cache_root
 from .cache.locks import entry_lock
 from .cache.notes import note
@@ -101,7 +101,11 @@ def find_or_build(module: ModelModule, progress=None) -> tuple[Path, dict]:
             note(f"{lib} {problem}; building it again")
         if progress:
             progress(f"compiling a library for this config in {tree}")
-        write_tree(module, tree)
+        try:
+            write_tree(module, tree)
+        except OSError as e:
+            raise CacheError(f"{tree}: cannot be written ({e.strerror}); set NANOCOMPILE_CACHE to another "
+                             f"directory") from None
         cmake_build(tree, tree / "build", target=wanted["library"])
         built = library_file(tree / "build", wanted).read_bytes()
         write_entry(lib, made_from, lambda out: out.write(built), generator=GENERATOR,

@@ -95,6 +95,8 @@ def _map_checked(path: Path, want: dict) -> tuple[np.memmap | None, str]:
         f = open(path, "rb")
     except FileNotFoundError:
         return None, "is missing"
+    except OSError as e:
+        return None, f"cannot be read ({e.strerror})"
     with f:
         problem = check_entry(path, want, file=f)
         if problem:

@@ -235,6 +235,16 @@ def test_cache_path_that_is_a_file_is_an_error(models, tmp_path):
     assert r.returncode == 1 and "the cache path is inside a file" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_cache_entry_that_cannot_be_written_is_an_error(models, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "packed").write_text("a file where the packed weights' directory goes")
+    r = nc("run", "-m", models["gguf"], *PROMPT, cache=cache, check=False)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(f"nanocompile: error: {cache / 'packed'}/")
+    assert "cannot be written" in r.stderr
+
+
 # verify and clean -------------------------------------------------------------------------------
 
 def test_cache_verify_and_clean(models, tmp_path):

@@ -19,6 +19,8 @@ from typing import Callable
 
 import xxhash
 
+from ..errors import NanocompileError
+
 FORMAT = 1
 CHECKSUM = "xxh3_128"
 SIDECAR_SUFFIX = ".meta.json"
@@ -26,6 +28,10 @@ STALE_SECONDS = 3600  # a temporary file nobody has written to for an hour is ab
 
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
 _OLD_TEMPORARY = re.compile(r"^(?P<name>.+)\.tmp(?P<pid>\d+)$")  # nanocompile's names before this cache
+
+
+class CacheError(NanocompileError):
+    """The cache cannot be used: its path is a file, or an entry cannot be written."""
 
 
 def temporary_name(dest: Path) -> Path:
@@ -108,12 +114,17 @@ def read_record(path: Path) -> dict | None:
 
 # entries: a file and its sidecar ---------------------------------------------------------------
 def write_entry(dest: Path, made_from: dict, write: Callable[[AtomicFile], None], **facts) -> dict:
-    """Writes dest through write(out), then its sidecar; returns the sidecar's record."""
-    with AtomicFile(dest) as out:
-        write(out)
-    meta = {"format": FORMAT, "file": dest.name, "size": out.size, CHECKSUM: out.checksum,
-            "made_from": made_from, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **facts}
-    write_record(sidecar_path(dest), meta)
+    """Writes dest through write(out), then its sidecar; returns the sidecar's record. A full
+    disk or a directory that cannot be written is an error naming the file; nothing is left."""
+    try:
+        with AtomicFile(dest) as out:
+            write(out)
+        meta = {"format": FORMAT, "file": dest.name, "size": out.size, CHECKSUM: out.checksum,
+                "made_from": made_from, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **facts}
+        write_record(sidecar_path(dest), meta)
+    except OSError as e:
+        raise CacheError(f"{dest}: cannot be written ({e.strerror or e}); free some space, or set "
+                         f"NANOCOMPILE_CACHE to another directory") from None
     return meta
 
 

@@ -15,16 +15,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import NanocompileError
+from .files import CacheError, pid_alive, sweep_temporaries
 from .notes import note
 
 ENV = "NANOCOMPILE_CACHE"
 SCRATCH_PREFIX = "nanocompile-cache-"
 READ_ONLY_ERRORS = (errno.EACCES, errno.EROFS, errno.EPERM)
-
-
-class CacheError(NanocompileError):
-    """The cache location cannot be used at all."""
 
 
 def configured_dir() -> Path:
@@ -75,8 +71,6 @@ def cache_dir() -> Path:
 
 
 def _open(path: Path) -> CacheRoot:
-    from .files import sweep_temporaries
-
     if path.exists() and not path.is_dir():
         raise CacheError(f"{path}: the cache path is a file, not a directory (set {ENV} to a directory)")
     try:
@@ -106,8 +100,6 @@ def _open(path: Path) -> CacheRoot:
 
 def sweep_scratch_dirs() -> None:
     """Removes scratch directories of processes that died without removing theirs."""
-    from .files import pid_alive
-
     for d in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*"):
         pid = d.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
         if pid.isdigit() and not pid_alive(int(pid)):
