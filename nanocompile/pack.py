@@ -9,8 +9,8 @@ sidecar recording what it was made from (the source's content hash, the layout, 
 this packer's version) and the xxh3-128 of its bytes (cache/files.py).
 
 A precision is one encoder: (slot, source) -> the slot's bytes. f32 converts and reorders; a
-quantized precision would encode from the same tensors (or, for the GGUF's own types, from
-its blocks), with no float32 intermediate on disk.
+quantized precision would encode from the same tensors (source.tensor), or, for the GGUF's own
+types, from its blocks as stored (source.raw), with no float32 intermediate on disk.
 """
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
+from nanocompile.errors import ModelError
 from nanocompile.models import load_model
 from nanocompile.session import InterpreterSession
 
@@ -113,6 +114,26 @@ def test_non_finite_weight_is_an_error_naming_the_tensor(tmp_path, isolated_cach
     with pytest.raises(ModelError, match=r"hf: tensor 'model.layers.1.mlp.down_proj.weight' \(in model.safetensors\) "
                                          r"has 1 NaN"):
         load_model(hf, progress=False).weights.materialize()
+
+
+def test_stored_form_of_a_gguf_tensor(tmp_path, isolated_cache):
+    """What a precision packing the GGUF's own blocks reads: the bytes as stored, which
+    dequantize to the float32 tensor."""
+    import gguf
+
+    cfg = tiny_config(hidden=64, head_dim=16, ffn=96)
+    path = write_gguf(tmp_path / "q.gguf", cfg, random_weights(cfg), quantize=True)
+    weights = load_model(path, progress=False).weights
+    kind, raw = weights.raw("model.layers.1.mlp.down_proj.weight")
+    assert kind == "Q8_0" and raw.shape == (64, 96 // 32 * 34)
+    assert np.array_equal(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0),
+                          weights.tensor("model.layers.1.mlp.down_proj.weight"))
+    reader = gguf.GGUFReader(path)
+    stored = next(t for t in reader.tensors if t.name == "blk.1.ffn_down.weight")
+    assert np.array_equal(raw, stored.data)
+    hf = load_model(write_hf_dir(tmp_path / "hf", cfg, random_weights(cfg)), progress=False)
+    with pytest.raises(ModelError, match="no stored form other than float32"):
+        hf.weights.raw("model.norm.weight")
 
 
 def test_finite_check_runs_once_per_content(tmp_path, isolated_cache, monkeypatch):

@@ -86,7 +86,7 @@ def _load_gguf(path: Path) -> LoadedModel:
         raise ModelError(f"{path}: {e}") from None
     key = sources.content_hash(path)
     weights = WeightSource({n: tuple(reversed(t.dims)) for n, t in gguf.tensors.items()}, gguf.convert, str(path),
-                           key, lambda name: repr(gguf.gguf_name(name)))
+                           key, lambda name: repr(gguf.gguf_name(name)), raw=gguf.raw)
     return LoadedModel(gguf.config, weights, tokenizer, str(path), path.name, key=key,
                        tensor_types=gguf.tensor_types())
 

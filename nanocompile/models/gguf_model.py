@@ -221,18 +221,27 @@ class GGUFModel:
             counts[t.type] = counts.get(t.type, 0) + 1
         return counts
 
+    def raw(self, name: str) -> tuple[str, np.ndarray]:
+        """One tensor as stored: its ggml type name, and its bytes as rows ([rows, bytes per row],
+        rows in transformers' [out] order), mapped from the file."""
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        t = self.tensors[name]
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(t.type_id)]
+        rows = t.n_bytes // (t.dims[0] // block * type_size)
+        # a mapping per tensor: once converted, its pages leave this process (a float32 result
+        # that is a view keeps only its own)
+        return t.type, np.memmap(self.path, dtype=np.uint8, mode="r", offset=t.start,
+                                 shape=(t.n_bytes,)).reshape(rows, -1)
+
     def convert(self, name: str) -> np.ndarray:
         """One tensor, by transformers' name, as float32 in transformers' layout ([out, in])."""
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+        from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
         t = self.tensors[name]
         qtype = GGMLQuantizationType(t.type_id)
-        block, type_size = GGML_QUANT_SIZES[qtype]
-        rows = t.n_bytes // (t.dims[0] // block * type_size)
-        # a mapping per tensor: once converted, its pages leave this process (a float32 result
-        # that is a view keeps only its own)
-        raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=t.start, shape=(t.n_bytes,)).reshape(rows, -1)
+        _, raw = self.raw(name)
         with np.errstate(invalid="ignore", over="ignore"):  # a non-finite scale: reported by the finite check
             array = dequantize(raw, qtype)
         return np.ascontiguousarray(array.reshape(tuple(reversed(t.dims))), dtype=np.float32)

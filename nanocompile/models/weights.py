@@ -23,12 +23,16 @@ from ..errors import ModelError
 
 class WeightSource(Mapping):
     def __init__(self, shapes: dict[str, tuple[int, ...]], convert: Callable[[str], np.ndarray], where: str,
-                 content_key: str | None = None, tensor_label: Callable[[str], str] | None = None):
+                 content_key: str | None = None, tensor_label: Callable[[str], str] | None = None,
+                 raw: Callable[[str], tuple[str, np.ndarray]] | None = None):
         """shapes: every tensor's name and shape; convert(name): that tensor as float32; where: the
         file or directory, for messages; content_key: the source's content hash, under which the
-        finite check is recorded; tensor_label(name): the tensor's name in the file's own terms."""
+        finite check is recorded; tensor_label(name): the tensor's name in the file's own terms;
+        raw(name): the tensor as stored (a GGUF's ggml type name and its bytes), for a precision
+        that packs the file's own blocks."""
         self.shapes = dict(shapes)
         self._convert = convert
+        self._raw = raw
         self.where = where
         self.content_key = content_key
         self._label = tensor_label or (lambda name: repr(name))
@@ -51,6 +55,15 @@ class WeightSource(Mapping):
             array = self._convert(name)
             self._check_finite(name, array)
         return array
+
+    def raw(self, name: str) -> tuple[str, np.ndarray]:
+        """The tensor as the file stores it: (its ggml type name, its bytes as uint8 rows), with
+        no conversion and no check; ModelError if the source has no such form (not a GGUF)."""
+        if name not in self.shapes:
+            raise KeyError(name)
+        if self._raw is None:
+            raise ModelError(f"{self.where}: its tensors have no stored form other than float32")
+        return self._raw(name)
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._kept:
