@@ -10,13 +10,12 @@ decode step from a profiling build of the same library.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench.profile import print_profile, profile
 from bench.common import THREADS, append, pin_threads, sign_test, summary, timed_session, timed_transformers
 
 pin_threads()
@@ -51,64 +50,6 @@ def compile_times(config) -> dict:
     find_or_build(compile_model(config))
     t4 = time.perf_counter()
     return {"generate_s": t1 - t0, "cmake_build_s": t2 - t1, "cold_s": t2 - t0, "cached_s": t4 - t3}
-
-
-def profile(model, prompt, module) -> dict:
-    """Per-kernel times of one prefill and one decode step, from a NANOCOMPILE_PROFILE build."""
-    import numpy as np
-
-    from nanocompile.build import cmake_build
-    from nanocompile.codegen.render import render_tree
-    from nanocompile.generate import write_tree
-    from nanocompile.library import CompiledSession
-
-    d = Path(tempfile.mkdtemp(prefix="nc-profile-"))
-    write_tree(module, d / "tree")
-    manifest = json.loads(render_tree(module)["manifest.json"])
-    cmake_build(d / "tree", d / "build", {"NANOCOMPILE_PROFILE": "ON"}, target=manifest["library"])
-    lib_path = d / "build" / f"lib{manifest['library']}.so"
-    s = CompiledSession(model.config, model.weights, n_ctx=len(prompt) + 8, threads=THREADS,
-                        weights_key=model.key, library=(lib_path, manifest))
-    p = manifest["prefix"]
-    lib = s.lib.cdll
-    for name, res in (("profile_kernels", ctypes.c_int32), ("profile_name", ctypes.c_char_p),
-                      ("profile_ns", ctypes.c_uint64), ("profile_calls", ctypes.c_uint64)):
-        getattr(lib, p + name).restype = res
-    getattr(lib, p + "profile_name").argtypes = [ctypes.c_int32]
-    getattr(lib, p + "profile_ns").argtypes = [ctypes.c_int32]
-    getattr(lib, p + "profile_calls").argtypes = [ctypes.c_int32]
-
-    def measure(tokens):
-        getattr(lib, p + "profile_reset")()
-        t0 = time.perf_counter()
-        logits = s.step(tokens)
-        wall = time.perf_counter() - t0
-        by_kernel = {}
-        for i in range(getattr(lib, p + "profile_kernels")()):
-            calls = getattr(lib, p + "profile_calls")(i)
-            if calls:
-                name = getattr(lib, p + "profile_name")(i).decode()
-                by_kernel[name] = {"ns": getattr(lib, p + "profile_ns")(i), "calls": calls}
-        inside = sum(k["ns"] for k in by_kernel.values()) / 1e9
-        matmul = sum(k["ns"] for n, k in by_kernel.items() if n.startswith("matmul")) / 1e9
-        top = sorted(by_kernel.items(), key=lambda kv: -kv[1]["ns"])[:8]
-        return logits, {"wall_s": wall, "matmul_s": matmul, "other_kernels_s": inside - matmul,
-                        "outside_s": wall - inside, "calls": sum(k["calls"] for k in by_kernel.values()),
-                        "top": [{"kernel": n, "ms": k["ns"] / 1e6, "calls": k["calls"]} for n, k in top]}
-
-    logits, prefill = measure(prompt)
-    _, decode = measure([int(np.argmax(logits))])
-    s.close()
-    return {"prefill": prefill, "decode": decode}
-
-
-def print_profile(prof: dict, top: int) -> None:
-    for phase in ("prefill", "decode"):
-        q = prof[phase]
-        print(f"profile {phase}: wall {q['wall_s'] * 1e3:.1f} ms = matmul {q['matmul_s'] * 1e3:.1f} + other kernels "
-              f"{q['other_kernels_s'] * 1e3:.1f} + outside {q['outside_s'] * 1e3:.2f} ms, {q['calls']} calls")
-        for t in q["top"][:top]:
-            print(f"    {t['kernel']:45} {t['ms']:9.2f} ms  {t['calls']} calls")
 
 
 def main() -> None:

@@ -43,9 +43,10 @@ def main() -> None:
     from oracle import build_oracle
 
     from bench import probe
+    from nanocompile.cache.location import cache_dir
     from nanocompile.library import CompiledSession
     from nanocompile.loopir.work import bytes_per_run
-    from nanocompile.models import cache, load_model
+    from nanocompile.models import load_model
 
     probes = []  # the machine is measured in every round, between the engines: its bandwidth drifts
     shapes = []
@@ -81,7 +82,7 @@ def main() -> None:
         engines["nanocompile unscheduled"] = lambda: timed_session(unscheduled, prompt, args.tg)
     if not args.no_llama:
         from bench.llamacpp import LlamaCppEngine, requantized
-        f32 = requantized(Path(model.source), "f32", cache.cache_dir() / "requantized")
+        f32 = requantized(Path(model.source), "f32", cache_dir() / "requantized")
         engines["llama.cpp F32"] = Llama(LlamaCppEngine(f32, n_ctx, THREADS)).run
     oracle = build_oracle(model.config, model.weights)
     engines["transformers eager"] = lambda: timed_transformers(oracle, prompt, args.tg)

@@ -2,7 +2,8 @@
 
 The library for the default architecture is built when the package is installed and ships in
 the wheel (nanocompile/lib/). Any other config is generated and built on first use into the
-cache, keyed by its fingerprint, through the same CMake path.
+cache, keyed by its fingerprint, through the same CMake path, and installed beside its sources
+(libs/<fingerprint>/lib<name>.so) atomically with a sidecar (cache/files.py).
 """
 from __future__ import annotations
 
@@ -13,11 +14,15 @@ import subprocess
 from importlib import resources
 from pathlib import Path
 
+from .cache.files import CacheError, check_entry, write_entry
+from .cache.location import cache_root
+from .cache.locks import entry_lock
+from .cache.notes import note
 from .codegen.render import render_tree
 from .compiler import Module
+from .version import GENERATOR
 from .errors import NanocompileError
 from .generate import write_tree
-from .models.cache import cache_dir
 
 
 class BuildError(NanocompileError):
@@ -73,23 +78,37 @@ def library_file(directory: Path, manifest: dict) -> Path:
 
 def find_or_build(module: Module, progress=None) -> tuple[Path, dict]:
     """The compiled library for this module: shipped, cached, or built now. A library is used
-    only if it was built from exactly the sources this package generates for the module."""
+    only if it was built from exactly the sources this package generates for the module, and a
+    cached one only if its bytes match its sidecar; two processes needing the same library
+    build it once (the second waits)."""
 
     wanted = json.loads(render_tree(module)["manifest.json"])
     for manifest, directory in packaged_manifests():
         if manifest == wanted and library_file(directory, manifest).exists():
             return library_file(directory, manifest), manifest
-    tree = cache_dir() / "libs" / module.fingerprint_hash[:20]
-    build = tree / "build"
-    manifest_path = tree / "manifest.json"
-    if manifest_path.exists() and json.loads(manifest_path.read_text()) == wanted:
-        lib = library_file(build, wanted)
-        if lib.exists() and (tree / ".built").exists():
+    root = cache_root()
+    relative = f"libs/{module.fingerprint_hash[:20]}/{library_file(Path(), wanted).name}"
+    made_from = {"source_sha256": wanted["source_sha256"], "fingerprint": module.fingerprint_hash}
+    for candidate in root.candidates(relative):
+        if check_entry(candidate, made_from) is None:
+            return candidate, wanted
+    lib = root.place(relative)
+    tree = lib.parent
+    with entry_lock(lib, f"the library {tree.name}"):
+        problem = check_entry(lib, made_from)
+        if problem is None:
             return lib, wanted
-    if progress:
-        progress(f"compiling a library for this config in {tree}")
-    (tree / ".built").unlink(missing_ok=True)
-    write_tree(module, tree)
-    cmake_build(tree, build, target=wanted["library"])
-    (tree / ".built").write_text(wanted["source_sha256"])
-    return library_file(build, wanted), wanted
+        if problem != "is missing":
+            note(f"{lib} {problem}; building it again")
+        if progress:
+            progress(f"compiling a library for this config in {tree}")
+        try:
+            write_tree(module, tree)
+        except OSError as e:
+            raise CacheError(f"{tree}: cannot be written ({e.strerror}); set NANOCOMPILE_CACHE to another "
+                             f"directory") from None
+        cmake_build(tree, tree / "build", target=wanted["library"])
+        built = library_file(tree / "build", wanted).read_bytes()
+        write_entry(lib, made_from, lambda out: out.write(built), generator=GENERATOR,
+                    fingerprint=module.fingerprint)
+    return lib, wanted

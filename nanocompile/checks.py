@@ -6,7 +6,8 @@ import numpy as np
 
 from .errors import InputError
 from .frontend.config import Qwen2Config
-from .frontend.qwen2 import PRECISIONS, quantized_weights
+from .frontend.qwen2 import PRECISIONS
+from .models.weights import WeightSource
 from .quantize import Int8Weights
 
 
@@ -37,12 +38,12 @@ def check_precision(precision: str) -> str:
     return precision
 
 
-def weights_in(precision: str, cfg: Qwen2Config, weights, q8_0=None):
-    """The weights as a precision's graph reads them (int8: quantized as they are asked for, or
-    split from the Q8_0 tensors a GGUF file stores)."""
-    if precision != "int8" or isinstance(weights, Int8Weights):
+def weights_in(precision: str, weights):
+    """The weights as a precision's graph reads them: for int8, in its form (Q8_0 tensors a GGUF
+    file stores split as they are, the other matrices quantized as they are asked for);
+    otherwise as given."""
+    if precision != "int8" or isinstance(weights, Int8Weights) or any(name.endswith(".qs") for name in weights):
         return weights
-    quantized = quantized_weights(cfg)
-    if all(name + ".qs" in weights for name in quantized):
-        return weights  # already in int8's form
-    return Int8Weights(weights, quantized, q8_0)
+    if isinstance(weights, WeightSource):
+        return Int8Weights.of_source(weights)
+    return Int8Weights(weights, {name for name, w in weights.items() if np.ndim(w) == 2})

@@ -24,7 +24,6 @@ from typing import Callable
 
 import numpy as np
 
-from . import __version__
 from .frontend.config import Qwen2Config
 from .frontend.qwen2 import qwen2_program
 from .ir.graph import Graph, format_graph
@@ -32,15 +31,15 @@ from .loopir.ir import Kernel, Program, format_program
 from .loopir.link import link
 from .loopir.lower import lower
 from .loopir.plan import MemoryPlan, plan_memory
-from .pack import WeightSlot, weight_layout
+from .layout import WeightSlot, weight_layout
 from .passes.cse import cse
 from .passes.fold import fold_constants
 from .passes.fusion import plan_fusion
 from .schedule.program import schedule_program
 from .signature import Signature, StepProgram
 from .target import detect_march, vector_lanes
+from .version import GENERATOR
 
-GENERATOR = f"nanocompile {__version__} codegen 1"
 DEFAULT_CHUNK = 64
 
 

@@ -20,7 +20,6 @@ from .compiler import DEFAULT_CHUNK, STAGES, Module, compile_model
 from .errors import NanocompileError
 from .frontend.config import Qwen2Config
 from .frontend.qwen2 import PRECISIONS
-from .pack import pack_weights
 
 DEFAULT_ARCH = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                            num_key_value_heads=2, vocab_size=151936, rope_theta=1_000_000.0,
@@ -66,15 +65,13 @@ def main(argv=None) -> int:
         else:
             # here, not at the top: `pip install .` runs this module with numpy and jinja2 alone
             from .models import load_model
+            from .pack import pack_weights
             model = load_model(args.model)
             cfg = model.config
         module = compile_model(cfg, args.precision, args.chunk, dump_after=args.dump_after)
         write_tree(module, args.out)
         if model is not None and not args.no_weights:
-            from .checks import weights_in
-            from .models import stored_q8_0
-            q8_0 = stored_q8_0(model) if args.precision == "int8" else None
-            pack_weights(module, weights_in(args.precision, cfg, model.weights, q8_0), args.out / "weights.bin")
+            pack_weights(module, model.weights, args.out / "weights.bin")
     except NanocompileError as e:
         print(f"nanocompile.generate: error: {e}", file=sys.stderr)
         return 1

@@ -15,12 +15,15 @@ from pathlib import Path
 import numpy as np
 
 from .build import find_or_build
-from .checks import check_n_ctx, check_precision, check_tokens, weights_in
+from .cache.files import check_entry
+from .cache.location import cache_root
+from .cache.locks import entry_lock
+from .cache.notes import note
+from .checks import check_n_ctx, check_precision, check_tokens
 from .compiler import Module, compile_model
 from .errors import ContextFullError, InputError, ModelError, NanocompileError
 from .frontend.config import Qwen2Config
-from .models.cache import cache_dir
-from .pack import pack_weights
+from .pack import made_from, pack_weights
 from .target import missing_flags
 
 NC_OK, NC_ERR_ARGUMENT, NC_ERR_TOKEN, NC_ERR_CONTEXT, NC_ERR_WEIGHTS, NC_ERR_MEMORY, NC_ERR_CPU = range(7)
@@ -79,9 +82,55 @@ def check_fingerprint(lib: Library, module: Module) -> None:
         raise ModelError(f"{lib.path}: compiled for {got.get('march')}, but this CPU lacks {', '.join(missing)}")
 
 
+def packed_name(module: Module, weights_key: str) -> str:
+    return f"packed/{weights_key[:20]}-{module.layout_hash[:16]}.bin"
+
+
 def packed_weights_path(module: Module, weights_key: str) -> Path:
     """Where the cache keeps these weights in the layout this module's library reads."""
-    return cache_dir() / "packed" / f"{weights_key}-{module.layout_hash[:16]}.bin"
+    return cache_root().path / packed_name(module, weights_key)
+
+
+def _map_checked(path: Path, want: dict) -> tuple[np.memmap | None, str]:
+    """path mapped, if it passes its check (the mapping is of the file that was checked); else
+    None and why not."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return None, "is missing"
+    except OSError as e:
+        return None, f"cannot be read ({e.strerror})"
+    with f:
+        problem = check_entry(path, want, file=f)
+        if problem:
+            return None, problem
+        return np.memmap(f, dtype=np.uint8, mode="r"), ""
+
+
+def open_packed(module: Module, weights, weights_key: str, progress: bool = False) -> tuple[Path, np.memmap, bool]:
+    """The packed weights for module's library from the cache, checked; packed from the source
+    (under a lock, so concurrent runs pack once) if missing or damaged, with a note if damaged.
+    Returns the file, its mapping, and whether it was packed now."""
+    want = made_from(module, weights_key)
+    root = cache_root()
+    for candidate in root.candidates(packed_name(module, weights_key)):
+        mapped, _ = _map_checked(candidate, want)
+        if mapped is not None:
+            return candidate, mapped, False
+    dest = root.place(packed_name(module, weights_key))
+    with entry_lock(dest, f"the packed weights {dest.name}"):
+        mapped, problem = _map_checked(dest, want)
+        if mapped is not None:
+            return dest, mapped, False
+        if problem != "is missing":
+            note(f"{dest} {problem}; packing it again")
+        bar = progress_bar(module.weights_bytes, "packing weights") if progress else None
+        try:
+            pack_weights(module, weights, dest, bar.update if bar else None, source_key=weights_key)
+        finally:
+            if bar:
+                bar.close()
+    return dest, np.memmap(dest, dtype=np.uint8, mode="r"), True
 
 
 class CompiledSession:
@@ -93,11 +142,13 @@ class CompiledSession:
                  weights_key: str | None = None, progress: bool = False, library: tuple[Path, dict] | None = None,
                  packed_path: Path | None = None, fuse: bool = True, schedule: bool = True,
                  march: str | None = None, precision: str = "f32"):
-        """weights_key names the weights' source (see models.cache.source_key): with it, the packed
-        weights file is kept in the cache for the next run; without, it lives as long as the session.
-        fuse=False builds the unfused library (one kernel per primitive): fusion's baseline;
-        schedule=False the unscheduled one (one thread): the schedules' baseline; march another
-        x86-64 level than this CPU's (x86-64-v3: AVX2 code on an AVX-512 machine)."""
+        """weights: a WeightSource (or a dict of arrays: float32, or already in the precision's
+        form), read only if the packed file must be made. weights_key, the source's content hash
+        (LoadedModel.key): with it, the packed weights file is kept in the cache for the next run;
+        without, it lives as long as the session. fuse=False builds the unfused library (one
+        kernel per primitive): fusion's baseline; schedule=False the unscheduled one (one thread):
+        the schedules' baseline; march another target than this CPU's (x86-64-v3: AVX2 code on an
+        AVX-512 machine); precision f32 or int8."""
         self.config = config
         self.n_ctx = check_n_ctx(n_ctx, config)
         self.precision = check_precision(precision)
@@ -107,21 +158,18 @@ class CompiledSession:
         check_fingerprint(self.lib, self.module)
 
         self._tmp = None
-        if packed_path is None and weights_key is not None:
-            packed_path = packed_weights_path(self.module, weights_key)
-        if packed_path is None:
+        if packed_path is not None:  # a file the caller names: packed if missing, used as it is
+            if not packed_path.exists():
+                pack_weights(self.module, weights, packed_path)
+            self._weights = np.memmap(packed_path, dtype=np.uint8, mode="r")
+        elif weights_key is not None:
+            packed_path, self._weights, _ = open_packed(self.module, weights, weights_key, progress)
+        else:  # lives as long as the session
             self._tmp = tempfile.TemporaryDirectory(prefix="nanocompile-")
             packed_path = Path(self._tmp.name) / "weights.bin"
-        if not packed_path.exists():
-            bar = progress_bar(self.module.weights_bytes, "packing weights") if progress else None
-            try:
-                pack_weights(self.module, weights_in(precision, config, weights), packed_path,
-                             bar.update if bar else None)
-            finally:
-                if bar:
-                    bar.close()
+            pack_weights(self.module, weights, packed_path)
+            self._weights = np.memmap(packed_path, dtype=np.uint8, mode="r")
         self.packed_path = packed_path
-        self._weights = np.memmap(packed_path, dtype=np.uint8, mode="r")
         self._handle = ctypes.c_void_p()
         error = ctypes.create_string_buffer(512)
         rc = self.lib.init(ctypes.byref(self._handle), self._weights.ctypes.data, self._weights.size,

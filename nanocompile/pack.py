@@ -1,52 +1,36 @@
 """The packed weights file a compiled library reads: a 4096-byte header (magic, version, the
-layout hash), then every tensor in float32 at the offset the library was compiled with, in the
-layout its kernels read (row-major, or blocked where a schedule packs it)."""
+layout hash), then every tensor at the offset the library was compiled with, in the layout its
+kernels read (row-major, or blocked where a schedule packs it).
+
+It is made straight from the model file: each tensor is converted from the source, encoded for
+the library's precision, written and dropped, in file order, so neither a float32 copy of the
+model nor the whole packed file is ever held in memory. The file is written atomically with a
+sidecar recording what it was made from (the source's content hash, the layout, the precision,
+this packer's version) and the xxh3-128 of its bytes (cache/files.py).
+
+Each precision sees the source in its own form (checks.weights_in): f32 converts each tensor;
+int8 splits a GGUF's Q8_0 blocks as stored (source.raw) and quantizes every other matrix once
+from its float32 form, with no float32 intermediate on disk.
+"""
 from __future__ import annotations
 
-import os
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .cache.files import write_entry
+from .checks import weights_in
 from .errors import ModelError
+from .frontend.qwen2 import PRECISIONS
+from .layout import HEADER_BYTES, NP_DTYPES, WeightSlot
+from .models.weights import WeightSource
 from .schedule.pack import pack_array
-from .signature import Signature, weight_buffer
+from .version import GENERATOR
 
 MAGIC = b"NCWEIGHT"
 VERSION = 1
-HEADER_BYTES = 4096
-WEIGHT_ALIGN = 64
-DTYPE_BYTES = {"f32": 4, "i8": 1, "f16": 2}
-NP_DTYPES = {"f32": np.float32, "i8": np.int8, "f16": np.float16}
-
-
-@dataclass(frozen=True)
-class WeightSlot:
-    name: str         # the frontend's name (transformers')
-    cname: str        # its C identifier
-    shape: tuple[int, ...]
-    offset: int       # bytes from the start of the packed file
-    nbytes: int
-    packed: tuple = ()  # (row, block): stored in the blocked layout schedule.Pack reads; () row-major
-    dtype: str = "f32"
-
-    @property
-    def buffer(self) -> str:
-        return weight_buffer(self.cname)
-
-
-def weight_layout(signature: Signature, packed: dict[str, tuple]) -> list[WeightSlot]:
-    """Every weight of the signature at an aligned offset after the header, in its order, in the
-    layout the schedules chose for its buffer."""
-    slots, offset = [], HEADER_BYTES
-    for w in signature.weights:
-        nbytes = int(np.prod(w.shape)) * DTYPE_BYTES[w.dtype]
-        slots.append(WeightSlot(w.name, w.cname, tuple(w.shape), offset, nbytes, packed.get(weight_buffer(w.cname), ()),
-                                w.dtype))
-        offset += (nbytes + WEIGHT_ALIGN - 1) // WEIGHT_ALIGN * WEIGHT_ALIGN
-    return slots
+PACKER = 3  # what pack_weights writes; a change makes every packed file in the cache stale
 
 
 def header(module) -> bytes:
@@ -54,29 +38,44 @@ def header(module) -> bytes:
     return head + b"\0" * (HEADER_BYTES - len(head))
 
 
-def pack_weights(module, weights: dict[str, np.ndarray], dest: Path, progress=None) -> Path:
-    """Writes the packed file atomically (a temporary name, then a rename)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(header(module))
-            for slot in module.weights:
-                if slot.name not in weights:
-                    raise ModelError(f"weight {slot.name!r} is missing")
-                array = np.ascontiguousarray(weights[slot.name], dtype=NP_DTYPES[slot.dtype])
-                if array.shape != slot.shape:
-                    raise ModelError(f"weight {slot.name!r} has shape {list(array.shape)}, the library "
-                                     f"expects {list(slot.shape)}")
-                if slot.packed:
-                    array = pack_array(array, *slot.packed)
-                f.seek(slot.offset)
-                f.write(memoryview(array).cast("B"))
-                if progress:
-                    progress(slot.nbytes)
-            f.truncate(module.weights_bytes)
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return dest
+def _laid_out(slot: WeightSlot, array: np.ndarray) -> np.ndarray:
+    """The array as the slot stores it: its dtype, its shape checked, blocked if packed."""
+    array = np.ascontiguousarray(array, dtype=NP_DTYPES[slot.dtype])
+    if array.shape != slot.shape:
+        raise ModelError(f"weight {slot.name!r} has shape {list(array.shape)}, the library expects {list(slot.shape)}")
+    return pack_array(array, *slot.packed) if slot.packed else array
+
+
+def made_from(module, source_key: str | None) -> dict:
+    """What a packed file is made from; a cached file is used only if its sidecar says exactly this."""
+    return {"source": source_key, "layout": module.layout_hash, "precision": module.precision, "packer": PACKER}
+
+
+def pack_weights(module, weights, dest: Path, progress=None, source_key: str | None = None) -> dict:
+    """Writes dest from weights (a model's WeightSource, a mapping of float32 arrays, or one
+    already in the precision's form), one tensor at a time; returns the sidecar record."""
+    if module.precision not in PRECISIONS:
+        raise ModelError(f"no packer for precision {module.precision!r} (have: {', '.join(PRECISIONS)})")
+    source = weights_in(module.precision, weights)  # the library's names, in its form
+    fetch = source.tensor if isinstance(source, WeightSource) else source.__getitem__  # tensor(): not kept
+
+    def write(out) -> None:
+        out.write(header(module))
+        for slot in sorted(module.weights, key=lambda s: s.offset):
+            if slot.name not in source:
+                raise ModelError(f"weight {slot.name!r} is missing")
+            if slot.offset < out.size:
+                raise ModelError(f"weight {slot.name!r} overlaps the one before it in the library's layout")
+            out.write(bytes(slot.offset - out.size))
+            data = _laid_out(slot, fetch(slot.name))
+            if data.nbytes != slot.nbytes:
+                raise ModelError(f"weight {slot.name!r} encodes to {data.nbytes} bytes, the library expects "
+                                 f"{slot.nbytes}")
+            out.write(data)
+            del data
+            if progress:
+                progress(slot.nbytes)
+        out.write(bytes(module.weights_bytes - out.size))
+
+    return write_entry(dest, made_from(module, source_key), write, generator=GENERATOR,
+                       source_path=getattr(source, "where", "weights"), finite=True)

@@ -42,27 +42,52 @@ def quantize_q8_0(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Int8Weights(Mapping):
-    """The int8 precision's weights, made from float32 weights (or GGUF Q8_0 tensors, given in
-    `q8_0` as name -> (raw blocks, (rows, k))) one tensor at a time, as the packer asks."""
+    """The int8 precision's weights, made one base tensor at a time as they are asked for: from
+    the stored Q8_0 blocks when the source has them (raw(name) -> (ggml type name, bytes)), else
+    quantized from the float32 tensor. Matrices are quantized; vectors (norms, biases) stay
+    float32."""
 
-    def __init__(self, float_weights: Mapping[str, np.ndarray], quantized: set[str],
-                 q8_0: Mapping[str, np.ndarray] | None = None):
+    def __init__(self, float_weights: Mapping[str, np.ndarray], quantized: set[str], raw=None):
         self.float_weights = float_weights
         self.quantized = quantized
-        self.q8_0 = q8_0 or {}
+        self.raw = raw
         self._last: tuple[str, tuple] | None = None  # qs and d are asked for one after the other
+
+    @property
+    def where(self) -> str:
+        """The source's file or directory, for messages."""
+        return getattr(self.float_weights, "where", "weights")
+
+    @classmethod
+    def of_source(cls, source) -> "Int8Weights":
+        """A model's WeightSource (models/weights.py) seen in int8's form."""
+        quantized = {name for name, shape in source.shapes.items() if len(shape) == 2}
+        return cls(source, quantized, getattr(source, "raw", None))
+
+    def _float(self, name: str) -> np.ndarray:
+        convert = getattr(self.float_weights, "tensor", None)  # without keeping it, if the source can
+        return np.asarray(convert(name) if convert else self.float_weights[name], np.float32)
+
+    def _stored(self, base: str):
+        """(qs, d) from the source's stored Q8_0 blocks, or None."""
+        if self.raw is None:
+            return None
+        try:
+            kind, data = self.raw(base)
+        except ModelError:  # a source with no stored form other than float32
+            return None
+        if kind != "Q8_0":
+            return None
+        n, k = self.float_weights.shapes[base]
+        qs, d = split_q8_0(data, n, k)
+        if (qs == -128).any():  # the kernels' sign trick needs |q| <= 127
+            raise ModelError(f"tensor {base!r}: a Q8_0 value of -128, outside the [-127, 127] a Q8_0 quantizer "
+                             f"writes and these kernels assume")
+        return qs, d
 
     def _split(self, base: str) -> tuple[np.ndarray, np.ndarray]:
         if self._last is None or self._last[0] != base:
-            if base in self.q8_0:
-                raw, (n, k) = self.q8_0[base]
-                parts = split_q8_0(raw, n, k)
-                if (parts[0] == -128).any():  # the kernels' sign trick needs |q| <= 127
-                    raise ModelError(f"tensor {base!r}: a Q8_0 value of -128, outside the [-127, 127] a Q8_0 "
-                                     f"quantizer writes and these kernels assume")
-            else:
-                parts = quantize_q8_0(np.asarray(self.float_weights[base], np.float32))
-            self._last = (base, parts)
+            self._last = (base, self._stored(base) or quantize_q8_0(self._float(base)))
         return self._last[1]
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -72,10 +97,10 @@ class Int8Weights(Mapping):
             return qs if part == "qs" else d
         if name in self.quantized:
             raise KeyError(f"{name} is stored as {name}.qs and {name}.d in int8")
-        return self.float_weights[name]
+        return self._float(name)
 
     def __iter__(self):
-        for name in dict.fromkeys([*self.float_weights, *self.q8_0]):
+        for name in self.float_weights:
             if name in self.quantized:
                 yield name + ".qs"
                 yield name + ".d"
@@ -83,4 +108,4 @@ class Int8Weights(Mapping):
                 yield name
 
     def __len__(self) -> int:
-        return sum(1 for _ in self)
+        return len(self.float_weights) + len(self.quantized)

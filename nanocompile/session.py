@@ -16,7 +16,6 @@ from .errors import ContextFullError, InputError
 from .frontend.config import Qwen2Config
 from .frontend.qwen2 import build_qwen2, cache_names
 from .library import CompiledSession
-from .models import stored_q8_0
 
 
 class InterpreterSession:
@@ -31,7 +30,7 @@ class InterpreterSession:
         self.config = config
         self.n_ctx = check_n_ctx(n_ctx, config)
         self.precision = check_precision(precision)
-        self.weights = dict(weights_in(precision, config, weights))
+        self.weights = dict(weights_in(precision, weights))
         self.order = order or ("compiled" if precision == "int8" else "numpy")
         self._run = functools.partial(interpreter.run, order=self.order)
         self._graphs = {False: build_qwen2(config, "last", precision), True: build_qwen2(config, "all", precision)}
@@ -64,11 +63,11 @@ BACKENDS = ("compiled", "interp")
 def open_session(model, backend: str = "compiled", n_ctx: int = 4096, threads: int = 1, progress: bool = False,
                  precision: str = "f32"):
     """A session on a LoadedModel: the compiled library (default) or the NumPy interpreter."""
-    weights = weights_in(check_precision(precision), model.config, model.weights,
-                         stored_q8_0(model) if precision == "int8" else None)
+    check_precision(precision)
     if backend == "interp":
-        return InterpreterSession(model.config, weights, n_ctx=n_ctx, precision=precision)
+        # every weight converted (and checked) before the first step
+        return InterpreterSession(model.config, model.weights.materialize(), n_ctx=n_ctx, precision=precision)
     if backend == "compiled":
-        return CompiledSession(model.config, weights, n_ctx=n_ctx, threads=threads,
+        return CompiledSession(model.config, model.weights, n_ctx=n_ctx, threads=threads,
                                weights_key=model.key, progress=progress, precision=precision)
     raise InputError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")

@@ -71,9 +71,12 @@ class Tokenizer:
         config = {}
         if (path / "tokenizer_config.json").exists():
             config = _read_json(path / "tokenizer_config.json")
-        template = config.get("chat_template")
+        template = _chat_template(config.get("chat_template"), path / "tokenizer_config.json")
         if template is None and (path / "chat_template.jinja").exists():
-            template = (path / "chat_template.jinja").read_text()
+            try:
+                template = (path / "chat_template.jinja").read_text()
+            except (OSError, UnicodeDecodeError) as e:
+                raise ModelError(f"{path / 'chat_template.jinja'}: cannot be read as text ({e})") from None
         vocab = backend.get_vocab(with_added_tokens=True)
         eos = []
         for source in (config, _read_json(path / "generation_config.json") if (path / "generation_config.json").exists() else {}):
@@ -105,7 +108,8 @@ class Tokenizer:
             raise InputError(f"token id {token_id} is outside the vocabulary (0..{self.vocab_size - 1})")
         if token_id in self._added_ids:
             return piece.encode("utf-8")
-        return bytes(_BYTE_DECODER[c] for c in piece)
+        # a character outside the byte-level alphabet (a damaged vocabulary) stands for itself
+        return b"".join(bytes([_BYTE_DECODER[c]]) if c in _BYTE_DECODER else c.encode("utf-8") for c in piece)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
@@ -150,9 +154,23 @@ def _end_of_turn_ids(vocab: dict[str, int]) -> list[int]:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ModelError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def _chat_template(value, where: Path) -> str | None:
+    """tokenizer_config.json's chat_template: a string, or a list of named templates."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        if isinstance(named.get("default"), str):
+            return named["default"]
+    raise ModelError(f"{where}: chat_template must be a string or a list of named templates with a 'default'")
 
 
 def bytes_to_unicode() -> dict[int, str]:

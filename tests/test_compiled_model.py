@@ -39,6 +39,30 @@ TINY = {
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
+def test_tiny_configs_are_bitwise_the_interpreters_compiled_order(name):
+    """In the interpreter's "compiled" order the float32 library gives the same logits, bit for
+    bit, at every step (fused, scheduled, 2 threads)."""
+    cfg = tiny_config(**TINY[name])
+    w = random_weights(cfg, seed=len(name))
+    prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32]
+    compiled = greedy_run(CompiledSession(cfg, w, n_ctx=64, threads=2), prompt, 8)
+    interp = greedy_run(InterpreterSession(cfg, w, n_ctx=64, order="compiled"), prompt, 8)
+    assert np.array_equal(compiled["prompt_logits"], interp["prompt_logits"])
+    assert all(np.array_equal(a, b) for a, b in zip(compiled["step_logits"], interp["step_logits"]))
+
+
+def test_real_model_is_bitwise_the_interpreters_compiled_order(real_model, real_compiled):
+    """The shipped float32 library on the real model: the prompt's logits and two steps, bit
+    for bit the interpreter's in its "compiled" order."""
+    interp = InterpreterSession(real_model.config, real_model.weights, n_ctx=64, order="compiled")
+    ids = real_prompt_ids(real_model, "code")
+    real_compiled.reset()
+    assert np.array_equal(real_compiled.step(ids, all_logits=True), interp.step(ids, all_logits=True))
+    for t in (262, 421):
+        assert np.array_equal(real_compiled.step([t]), interp.step([t]))
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
 def test_tiny_configs_give_the_interpreters_tokens(name):
     cfg = tiny_config(**TINY[name])
     w = random_weights(cfg, seed=len(name))

@@ -152,7 +152,7 @@ REFUSALS = {
     "vectorize unknown width": (QPROJ, (Vectorize("i1", 12),), "12 lanes"),
     "vectorize symbolic": (QPROJ, (Vectorize("i0", 16),), "'i0' of a symbolic number of iterations is not a multiple"),
     "vectorize strided load": (QPROJ, (Vectorize("i1", 16),), r"read p2 with stride 64; Pack\(p2, ...\) makes"),
-    "pack output": (QPROJ, (Vectorize("i1", 16), Pack("p0", 64, 16)), "only float32 weights the kernel reads"),
+    "pack output": (QPROJ, (Vectorize("i1", 16), Pack("p0", 64, 16)), "only weights the kernel reads"),
     "pack across rows": (QPROJ, (Vectorize("i1", 16), Pack("p2", 32, 16)), "read across rows of 32"),
     "pack partial vectors": (QPROJ, (Vectorize("i1", 16), Pack("p2", 64, 24)), "blocks of 24 rows do not hold whole"),
     "vectorize nested": (QPROJ, (Vectorize("i1", 16), Pack("p2", 64, 16), Split("i0", 16), Vectorize("i0i", 16)),

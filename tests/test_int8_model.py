@@ -8,8 +8,8 @@ import pytest
 
 from nanocompile.checks import weights_in
 from nanocompile.library import CompiledSession
-from nanocompile.models import stored_q8_0
 from nanocompile.models.gguf_model import GGUFModel
+from nanocompile.models.weights import WeightSource
 from nanocompile.peer import requantized
 from nanocompile.quantize import split_q8_0
 from nanocompile.session import InterpreterSession
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.model
 @pytest.fixture(scope="module")
 def int8_weights(real_model):
     """Every int8 weight, made once (Q8_0 tensors split as stored, the rest quantized)."""
-    return dict(weights_in("int8", real_model.config, real_model.weights, stored_q8_0(real_model)))
+    return dict(weights_in("int8", real_model.weights))
 
 
 @pytest.fixture(scope="module")
@@ -83,12 +83,17 @@ def test_real_int8_model_is_bitwise_the_int8_interpreter(real_model, int8_weight
     assert all(np.array_equal(a, b) for a, b in zip(got["step_logits"], want["step_logits"]))
 
 
-def test_open_session_reads_q8_0_as_stored(real_model):
+def test_q8_0_tensors_are_read_as_stored(real_model):
     """The default file's Q8_0 tensors (the output head, some v projections) reach the int8
-    weights without a float32 round trip."""
-    stored = stored_q8_0(real_model)
+    weights as stored, without a float32 round trip: the float32 conversion is never asked for."""
+    source = real_model.weights
+    stored = [name for name in source if len(source.shapes[name]) == 2 and source.raw(name)[0] == "Q8_0"]
     assert "lm_head.weight" in stored and len(stored) == 13
-    weights = weights_in("int8", real_model.config, {}, stored)  # no float32 weights to fall back on
-    raw, (n, k) = stored["lm_head.weight"]
-    qs, d = split_q8_0(raw, n, k)
+
+    def refuse(name):
+        raise AssertionError(f"{name} was converted to float32")
+
+    weights = weights_in("int8", WeightSource(source.shapes, refuse, "the default model", raw=source.raw))
+    _, raw = source.raw("lm_head.weight")
+    qs, d = split_q8_0(raw, *source.shapes["lm_head.weight"])
     assert np.array_equal(weights["lm_head.weight.qs"], qs) and np.array_equal(weights["lm_head.weight.d"], d)

@@ -10,7 +10,7 @@ from nanocompile.ir import PAST, SEQ, GraphBuilder, IRError, PRIMITIVES, format_
 def test_primitive_count_and_documentation():
     # every primitive has a documented meaning
     from pathlib import Path
-    assert len(PRIMITIVES) == 27
+    assert len(PRIMITIVES) == 29
     doc = Path(__file__).parents[1] / "docs" / "PRIMITIVES.md"
     text = doc.read_text()
     for op in PRIMITIVES:
@@ -48,7 +48,11 @@ def test_symbolic_shapes_flow_through():
     (lambda b: b.sqrt(b.input("a", [4], "i32")), "not supported"),
     (lambda b: b.reduce_sum(b.input("a", [4]), 1), "out of range"),
     (lambda b: b.slice(b.input("a", [4]), 2, 0, 1), "out of range"),
-    (lambda b: b.cast(b.input("a", [4]), "f16"), "unknown dtype"),
+    (lambda b: b.cast(b.input("a", [4]), "f64"), "unknown dtype"),
+    (lambda b: b.block_matmul(b.input("x", [SEQ, 40], "i8"), b.input("xd", [SEQ, 1]), b.input("w", [8, 40], "i8"),
+                              b.input("wd", [8, 1], "f16")), "multiple of 32"),
+    (lambda b: b.block_matmul(b.input("x", [SEQ, 64], "i8"), b.input("xd", [SEQ, 2]), b.input("w", [8, 64], "i8"),
+                              b.input("wd", [8, 2])), "wants i8, f32, i8, f16"),
     (lambda b: b.input("a", [4], "f64"), "unknown dtype"),
 ])
 def test_inference_refuses_ill_formed_nodes(build, message):

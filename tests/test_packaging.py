@@ -1,7 +1,8 @@
-import pytest
-"""`pip install .` ships the default architecture's compiled library, and what is needed to
-compile any other config later."""
+"""`pip install .` ships the default architecture's compiled libraries (float32 and int8), and
+what is needed to compile any other config later."""
 from pathlib import Path
+
+import pytest
 
 import nanocompile
 from nanocompile.build import find_or_build, packaged_manifests
@@ -9,12 +10,13 @@ from nanocompile.compiler import compile_model
 from nanocompile.generate import DEFAULT_ARCH
 
 
-def test_default_library_is_in_the_wheel():
-    shipped = packaged_manifests()
-    assert len(shipped) == 1
-    manifest, directory = shipped[0]
+@pytest.mark.parametrize("precision", ["f32", "int8"])
+def test_default_library_is_in_the_wheel(precision):
+    shipped = {m["fingerprint"]["precision"]: (m, d) for m, d in packaged_manifests()}
+    assert sorted(shipped) == ["f32", "int8"]
+    manifest, directory = shipped[precision]
     assert directory == Path(nanocompile.__file__).parent / "lib"
-    module = compile_model(DEFAULT_ARCH)
+    module = compile_model(DEFAULT_ARCH, precision)
     assert manifest["fingerprint"] == module.fingerprint
     path, _ = find_or_build(module)
     assert path.parent == directory  # used as shipped, not rebuilt

@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
+from nanocompile.errors import ModelError
 from nanocompile.models import load_model
 from nanocompile.session import InterpreterSession
 
@@ -38,19 +39,23 @@ def test_gguf_q8_0_dequantizes_like_gguf_reference(tmp_path, isolated_cache):
     assert np.abs(ref - q).max() <= np.abs(q).max() / 127
 
 
-def test_gguf_cache_second_load_is_identical(tmp_path, isolated_cache):
+def test_gguf_second_load_is_identical_and_keyed_by_content(tmp_path, isolated_cache):
     cfg = tiny_config()
-    path = write_gguf(tmp_path / "t.gguf", cfg, random_weights(cfg), quantize=False)
+    w = random_weights(cfg)
+    path = write_gguf(tmp_path / "t.gguf", cfg, w, quantize=False)
     first = load_model(path, progress=False)
     second = load_model(path, progress=False)
-    assert first.stats["cache"] == "miss" and second.stats["cache"] == "hit"
-    assert second.config == first.config
+    assert second.key == first.key and second.config == first.config
     for k in first.weights:
         assert np.array_equal(first.weights[k], second.weights[k])
     assert second.tokenizer.encode("hi <|im_end|>") == first.tokenizer.encode("hi <|im_end|>")
-    # touching the file changes its key: the cache never serves a file that changed
+    # the key is the content's: the same bytes written again (a new mtime) keep it, and a changed
+    # weight changes it, so the cache never serves what a changed file no longer holds
     path.write_bytes(path.read_bytes())
-    assert load_model(path, progress=False).stats["cache"] == "miss"
+    assert load_model(path, progress=False).key == first.key
+    w["model.norm.weight"][0] += 1
+    write_gguf(path, cfg, w, quantize=False)
+    assert load_model(path, progress=False).key != first.key
 
 
 @pytest.mark.parametrize("rope_form, shards, bf16", [("parameters", 1, False), ("theta", 3, False),
@@ -89,13 +94,58 @@ def test_hf_config_forms_agree(tmp_path):
     assert a == b == cfg
 
 
-def test_weight_nan_scan_is_opt_in(tmp_path, isolated_cache):
+def test_non_finite_weight_is_an_error_naming_the_tensor(tmp_path, isolated_cache):
     from nanocompile.errors import ModelError
+    from nanocompile.library import CompiledSession
 
     cfg = tiny_config()
     w = random_weights(cfg)
     w["model.layers.1.mlp.down_proj.weight"][3, 4] = np.nan
     path = write_gguf(tmp_path / "nan.gguf", cfg, w, quantize=False)
-    load_model(path, progress=False)  # loads: the scan costs a pass over every weight
-    with pytest.raises(ModelError, match="down_proj.weight.*NaN or Inf"):
-        load_model(path, progress=False, check_finite=True)
+    m = load_model(path, progress=False)  # the config and tokenizer load; weights convert when used
+    with pytest.raises(ModelError, match=r"nan.gguf: tensor 'blk.1.ffn_down.weight' has 1 NaN or Inf value\(s\), "
+                                         r"the first at \[3, 4\]"):
+        m.weights.materialize()
+    with pytest.raises(ModelError, match="'blk.1.ffn_down.weight' has 1 NaN"):
+        CompiledSession(m.config, m.weights, n_ctx=8, weights_key=m.key)
+    assert not list((isolated_cache / "packed").iterdir()), "nothing packed, no temporary left"
+    hf = write_hf_dir(tmp_path / "hf", cfg, w)
+    with pytest.raises(ModelError, match=r"hf: tensor 'model.layers.1.mlp.down_proj.weight' \(in model.safetensors\) "
+                                         r"has 1 NaN"):
+        load_model(hf, progress=False).weights.materialize()
+
+
+def test_stored_form_of_a_gguf_tensor(tmp_path, isolated_cache):
+    """What a precision packing the GGUF's own blocks reads: the bytes as stored, which
+    dequantize to the float32 tensor."""
+    import gguf
+
+    cfg = tiny_config(hidden=64, head_dim=16, ffn=96)
+    path = write_gguf(tmp_path / "q.gguf", cfg, random_weights(cfg), quantize=True)
+    weights = load_model(path, progress=False).weights
+    kind, raw = weights.raw("model.layers.1.mlp.down_proj.weight")
+    assert kind == "Q8_0" and raw.shape == (64, 96 // 32 * 34)
+    assert np.array_equal(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0),
+                          weights.tensor("model.layers.1.mlp.down_proj.weight"))
+    reader = gguf.GGUFReader(path)
+    stored = next(t for t in reader.tensors if t.name == "blk.1.ffn_down.weight")
+    assert np.array_equal(raw, stored.data)
+    hf = load_model(write_hf_dir(tmp_path / "hf", cfg, random_weights(cfg)), progress=False)
+    with pytest.raises(ModelError, match="no stored form other than float32"):
+        hf.weights.raw("model.norm.weight")
+
+
+def test_finite_check_runs_once_per_content(tmp_path, isolated_cache, monkeypatch):
+    cfg = tiny_config()
+    path = write_gguf(tmp_path / "t.gguf", cfg, random_weights(cfg), quantize=True)
+    first = load_model(path, progress=False)
+    assert not first.weights.known_finite
+    first.weights.materialize()
+    assert first.weights.known_finite
+    calls = []
+    real = np.isfinite
+    monkeypatch.setattr(np, "isfinite", lambda *a, **k: calls.append(1) or real(*a, **k))
+    second = load_model(path, progress=False)
+    assert second.weights.known_finite
+    second.weights.materialize()
+    assert calls == [], "a later load converts without checking again"

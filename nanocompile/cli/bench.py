@@ -65,7 +65,7 @@ def cmd_bench(args) -> int:
     if n_ctx > cfg.max_position_embeddings:
         raise NanocompileError(f"a test needs {n_ctx} tokens of context; the model's maximum is "
                                f"{cfg.max_position_embeddings}")
-    n_params = sum(int(w.size) for w in model.weights.values())
+    n_params = model.n_params  # from the shapes: counting converts nothing
     rng = np.random.default_rng(0)
     rows = []
     for threads in args.threads:

@@ -79,6 +79,9 @@ def open_model_session(args, n_ctx: int | None):
     model = load_model(args.model, progress=not args.quiet)
     if n_ctx is None:
         n_ctx = min(4096, model.config.max_position_embeddings)
+    elif n_ctx > model.config.max_position_embeddings:
+        raise NanocompileError(f"context size {n_ctx} exceeds the model's maximum of "
+                               f"{model.config.max_position_embeddings} ({model.source}; -c sets the size)")
     threads = getattr(args, "threads", 2)
     session = open_session(model, args.backend, n_ctx=n_ctx, threads=threads, progress=not args.quiet,
                            precision=args.precision)

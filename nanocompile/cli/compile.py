@@ -22,10 +22,8 @@ def _size(n: int) -> str:
 def cmd_compile(args) -> int:
     from ..build import find_or_build
     from ..compiler import compile_model
-    from ..library import progress_bar, packed_weights_path
-    from ..checks import weights_in
-    from ..models import load_model, stored_q8_0
-    from ..pack import pack_weights
+    from ..library import open_packed
+    from ..models import load_model
 
     check_precision(args.precision)
 
@@ -43,19 +41,9 @@ def cmd_compile(args) -> int:
     module = compile_model(model.config, precision=args.precision, march=args.march)
     stage(f"building the library ({module.march}, {len(module.kernels)} kernels) with CMake, or finding it built")
     lib, manifest = find_or_build(module)
-    packed = packed_weights_path(module, model.key)
-    if packed.exists():
-        stage("packed weights: already in the cache")
-    else:
-        stage("packing weights")
-        bar = None if args.quiet else progress_bar(module.weights_bytes, "packing weights")
-        try:
-            q8_0 = stored_q8_0(model) if args.precision == "int8" else None
-            weights = weights_in(args.precision, model.config, model.weights, q8_0)
-            pack_weights(module, weights, packed, bar.update if bar else None)
-        finally:
-            if bar:
-                bar.close()
+    stage("packed weights: checking the cache, or packing them from the model file")
+    packed, _, made = open_packed(module, model.weights, model.key, progress=not args.quiet)
+    stage("packing weights: done" if made else "packed weights: already in the cache")
     stage("done")
     print(f"model     {model.source}")
     print(f"library   {lib} ({_size(Path(lib).stat().st_size)}), fingerprint {module.fingerprint_hash[:16]}, "

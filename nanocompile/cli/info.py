@@ -27,7 +27,7 @@ def _library_line(where: str, manifest: dict, built: bool) -> str:
 def cmd_info(args) -> int:
     from .. import __version__
     from ..build import library_file, packaged_manifests
-    from ..models.cache import cache_dir
+    from ..cache.location import cache_dir
     from ..target import detect_march, vector_lanes
 
     march, isa = detect_march()
@@ -37,7 +37,7 @@ def cmd_info(args) -> int:
           f"{lanes} float32 lanes" + (" (AVX-512)" if lanes == 16 else " (AVX2)" if lanes == 8 else ""))
     root = cache_dir()
     print(f"cache     {root} ({_size(_tree_bytes(root))})")
-    for sub in ("models", "weights", "packed", "libs", "requantized"):
+    for sub in ("models", "packed", "libs", "index", "checked", "weights", "requantized"):
         if (root / sub).exists():
             print(f"  {sub + '/':13} {_size(_tree_bytes(root / sub))}")
     print("libraries")
@@ -47,7 +47,7 @@ def cmd_info(args) -> int:
         found += 1
     for path in sorted((root / "libs").glob("*/manifest.json")):
         manifest = json.loads(path.read_text())
-        built = (path.parent / ".built").exists()
+        built = (path.parent / f"lib{manifest['library']}.so").exists()
         print(_library_line(str(path.parent), manifest, built))
         found += 1
     if not found:

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..compiler import GENERATOR, Options, compile_program
+from ..compiler import Options, compile_program
 from ..interpreter import NP_DTYPES, check_feeds
 from ..ir.expr import evaluate_shape
 from ..ir.graph import Graph
 from ..schedule.pack import pack_array
 from ..signature import StepProgram, identifier, plain_signature
+from ..version import GENERATOR
 from ..target import compiler_flags
 from .cexpr import C_TYPES
 from .render import const_data, data_root, environment, kernel_data

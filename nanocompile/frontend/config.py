@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 
-
 from ..errors import NanocompileError
+
+MAX_DIM = (1 << 31) - 1  # the generated C indexes with 32-bit integers
 
 
 class ConfigError(NanocompileError, ValueError):
@@ -36,17 +38,20 @@ class Qwen2Config:
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "vocab_size", "head_dim", "max_position_embeddings"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_DIM:
+                raise ConfigError(f"{name} must be a positive integer at most {MAX_DIM}, got {value!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(f"num_attention_heads ({self.num_attention_heads}) is not a multiple of "
                               f"num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             raise ConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
-        if not self.rope_theta > 0:
-            raise ConfigError(f"rope_theta must be positive, got {self.rope_theta}")
-        if not self.rms_norm_eps > 0:
-            raise ConfigError(f"rms_norm_eps must be positive, got {self.rms_norm_eps}")
+        for name in ("rope_theta", "rms_norm_eps"):
+            value = getattr(self, name)
+            if not (_is_number(value) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a finite number above 0, got {value!r}")
+        for name in ("tie_word_embeddings", "qkv_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     @property
     def group_size(self) -> int:
@@ -59,39 +64,106 @@ class Qwen2Config:
     @staticmethod
     def from_hf_dict(d: dict, where: str = "config.json") -> "Qwen2Config":
         """Reads a transformers config.json, in both the older top-level `rope_theta` form and
-        the newer `rope_parameters` form."""
+        the newer `rope_parameters` form. Every field must have its JSON type (an integer is not
+        read from 40.5, "40" or true), so the config used is the one the file states."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"{where}: expected a JSON object, found {_json_kind(d)}")
         arch = d.get("model_type")
         if arch != "qwen2":
             raise ConfigError(f"{where}: unsupported architecture {arch!r}; nanocompile compiles qwen2")
-        rope = d.get("rope_parameters") or {}
+        rope = _field(d, "rope_parameters", dict, where, {}, nullable=True)
+        scaling = _field(d, "rope_scaling", dict, where, {}, nullable=True)
         if "rope_theta" in d:
-            theta = d["rope_theta"]
+            theta = _number(d, "rope_theta", where)
         elif "rope_theta" in rope:
-            theta = rope["rope_theta"]
+            theta = _number(rope, "rope_theta", where, label="rope_parameters.rope_theta")
         else:
             theta = 10000.0
-        rope_type = rope.get("rope_type", (d.get("rope_scaling") or {}).get("rope_type", "default"))
-        if rope_type not in ("default", None):
-            raise ConfigError(f"{where}: rope type {rope_type!r} is not supported (only 'default')")
+        for source, label in ((rope, "rope_parameters"), (scaling, "rope_scaling")):
+            for key in ("rope_type", "type"):
+                kind = source.get(key, "default")
+                if kind not in ("default", None):
+                    raise ConfigError(f"{where}: {label}.{key} is {kind!r}; only 'default' rope is supported")
+        if _field(d, "use_sliding_window", bool, where, False, nullable=True):
+            raise ConfigError(f"{where}: use_sliding_window is true; sliding-window attention is not supported")
+        act = _field(d, "hidden_act", str, where, "silu")
+        if act != "silu":
+            raise ConfigError(f"{where}: hidden_act is {act!r}; qwen2 uses 'silu'")
+        hidden = _integer(d, "hidden_size", where)
+        heads = _integer(d, "num_attention_heads", where)
+        head_dim = _integer(d, "head_dim", where, None, nullable=True)
+        if head_dim is None:
+            if hidden < heads:
+                raise ConfigError(f"{where}: num_attention_heads ({heads}) is larger than hidden_size ({hidden})")
+            head_dim = hidden // heads
+        fields = dict(
+            hidden_size=hidden,
+            intermediate_size=_integer(d, "intermediate_size", where),
+            num_hidden_layers=_integer(d, "num_hidden_layers", where),
+            num_attention_heads=heads,
+            num_key_value_heads=_integer(d, "num_key_value_heads", where, heads, nullable=True),
+            vocab_size=_integer(d, "vocab_size", where),
+            head_dim=head_dim,
+            rope_theta=float(theta),
+            rms_norm_eps=float(_number(d, "rms_norm_eps", where, 1e-6)),
+            tie_word_embeddings=_field(d, "tie_word_embeddings", bool, where, False),
+            max_position_embeddings=_integer(d, "max_position_embeddings", where, 32768),
+        )
         try:
-            heads = d["num_attention_heads"]
-            return Qwen2Config(
-                hidden_size=d["hidden_size"],
-                intermediate_size=d["intermediate_size"],
-                num_hidden_layers=d["num_hidden_layers"],
-                num_attention_heads=heads,
-                num_key_value_heads=d.get("num_key_value_heads", heads),
-                vocab_size=d["vocab_size"],
-                head_dim=d.get("head_dim") or d["hidden_size"] // heads,
-                rope_theta=float(theta),
-                rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-                tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-                max_position_embeddings=d.get("max_position_embeddings", 32768),
-            )
-        except KeyError as e:
-            raise ConfigError(f"{where}: missing key {e.args[0]!r}") from None
+            return Qwen2Config(**fields)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
+
+
+_REQUIRED = object()
+
+
+def _json_kind(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return f"the string {json.dumps(value)[:60]}"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _field(d: dict, key: str, kind: type, where: str, default=_REQUIRED, label: str | None = None,
+           nullable: bool = False):
+    """d[key] if it has JSON type kind; default if the key is absent (or null, where transformers
+    reads null as "not set": nullable)."""
+    if key not in d or (d[key] is None and nullable):
+        if default is _REQUIRED:
+            raise ConfigError(f"{where}: missing key {label or key!r}")
+        return default
+    value = d[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        expected = {int: "an integer", bool: "true or false", str: "a string", dict: "an object"}[kind]
+        raise ConfigError(f"{where}: {label or key} must be {expected}, found {_json_kind(value)}")
+    return value
+
+
+def _integer(d: dict, key: str, where: str, default=_REQUIRED, nullable: bool = False) -> int:
+    return _field(d, key, int, where, default, nullable=nullable)
+
+
+def _number(d: dict, key: str, where: str, default=_REQUIRED, label: str | None = None) -> float:
+    if key not in d:
+        if default is _REQUIRED:
+            raise ConfigError(f"{where}: missing key {label or key!r}")
+        return default
+    value = d[key]
+    if not _is_number(value) or not math.isfinite(value):
+        raise ConfigError(f"{where}: {label or key} must be a finite number, found {_json_kind(value)}")
+    return value
 
 
 def weight_shapes(cfg: Qwen2Config) -> dict[str, tuple[int, ...]]:

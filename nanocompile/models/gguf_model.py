@@ -1,23 +1,23 @@
-"""Reads a Qwen2 GGUF file: checks it, maps its tensor names, dequantizes every tensor to float32.
+"""A Qwen2 GGUF file: its config and tokenizer from the metadata, its tensors mapped to
+transformers' names and dequantized to float32 one at a time (by the `gguf` library).
 
-The `gguf` library parses the file and dequantizes; what is checked here first is what would
-otherwise surface as a crash deep inside it: the magic, the version, counts and offsets that
-point outside the file.
+gguf_file.py has checked the container; what is checked here is the model: each metadata key's
+type and value (an integer key stored as a float, a non-finite epsilon, an unsupported rope
+scaling), the tensor names, shapes and types against the config, and the vocabulary.
 """
 from __future__ import annotations
 
+import math
 import re
-import struct
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import ModelError
-from ..frontend.config import ConfigError, Qwen2Config
-
-MAX_TENSORS = 1 << 16
-MAX_KEYS = 1 << 16
+from ..frontend.config import MAX_DIM, ConfigError, Qwen2Config, weight_shapes
+from .gguf_file import FLOAT_TYPES, INTEGER_TYPES, GGUFFile, TensorInfo, read_gguf
 
 LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -62,165 +62,238 @@ class GGUFTokenizerData:
 
 
 def check_header(path: Path) -> None:
-    """Rejects what is not a GGUF v2/v3 file before the parser sees it."""
+    """Rejects a path that is not a readable file before anything else looks at it."""
     if not path.exists():
         raise ModelError(f"{path}: no such file")
     if not path.is_file():
         raise ModelError(f"{path}: not a file")
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(24)
-    if len(head) < 24:
-        raise ModelError(f"{path}: {size} bytes is too short to be a GGUF file")
-    if head[:4] != b"GGUF":
-        raise ModelError(f"{path}: not a GGUF file (starts with {head[:4]!r}, expected b'GGUF')")
-    version, n_tensors, n_keys = struct.unpack("<IQQ", head[4:24])
-    if version not in (2, 3):
-        raise ModelError(f"{path}: GGUF version {version} is not supported (2 or 3)")
-    if n_tensors > MAX_TENSORS:
-        raise ModelError(f"{path}: header claims {n_tensors} tensors, more than the {MAX_TENSORS} allowed")
-    if n_keys > MAX_KEYS:
-        raise ModelError(f"{path}: header claims {n_keys} metadata keys, more than the {MAX_KEYS} allowed")
+
+
+@lru_cache(maxsize=None)
+def dequantizable(type_name: str) -> bool:
+    """Whether the gguf library can dequantize this ggml type (tried on one block of zeros)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType[type_name]
+    try:
+        dequantize(np.zeros((1, GGML_QUANT_SIZES[qtype][1]), np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
 
 
 class GGUFModel:
-    """A parsed, checked GGUF file; weights are dequantized by dequantize()."""
+    """A parsed, checked Qwen2 GGUF file; convert() dequantizes one tensor."""
 
     def __init__(self, path: str | Path):
-        import gguf  # imported here: the compiler core does not depend on it
-
         self.path = Path(path)
         check_header(self.path)
-        try:
-            self.reader = gguf.GGUFReader(self.path)
-        except (ValueError, IndexError, KeyError, struct.error, OverflowError, TypeError, MemoryError) as e:
-            raise ModelError(f"{self.path}: malformed GGUF file ({type(e).__name__}: {e})") from None
-        self.size = self.path.stat().st_size
-        self._check_tensors()
+        self.file: GGUFFile = read_gguf(self.path)
+        self.size = self.file.size
         arch = self.value("general.architecture")
         if arch != "qwen2":
             raise ModelError(f"{self.path}: unsupported architecture {arch!r}; nanocompile compiles qwen2")
         self.config = self._config()
         self._check_names_and_shapes()
 
+    # metadata -------------------------------------------------------------------------------
+    def fail(self, message: str):
+        raise ModelError(f"{self.path}: {message}")
+
     def value(self, key: str, default=None):
-        field = self.reader.fields.get(key)
-        if field is None:
+        found = self.file.metadata.get(key)
+        return default if found is None else found.value
+
+    def _typed(self, key: str, types: set[str], expected: str):
+        found = self.file.metadata.get(key)
+        if found is None:
+            return None
+        if found.type not in types:
+            self.fail(f"metadata key {key!r} has type {found.type}, expected {expected}")
+        return found.value
+
+    def integer(self, key: str, default: int | None = None, required: bool = False) -> int:
+        v = self._typed(key, INTEGER_TYPES, "an integer type")
+        if v is None:
+            if required:
+                self.fail(f"metadata key {key!r} is missing")
             return default
-        try:
-            return field.contents()
-        except Exception as e:  # the library raises various types for a malformed field
-            raise ModelError(f"{self.path}: metadata key {key!r} is malformed ({e})") from None
+        if not 1 <= v <= MAX_DIM:
+            self.fail(f"metadata key {key!r} is {v}, expected an integer from 1 to {MAX_DIM}")
+        return v
 
-    def _require(self, key: str):
-        value = self.value(key)
-        if value is None:
-            raise ModelError(f"{self.path}: metadata key {key!r} is missing")
-        return value
+    def number(self, key: str, default: float | None = None, required: bool = False) -> float:
+        v = self._typed(key, INTEGER_TYPES | FLOAT_TYPES, "a number")
+        if v is None:
+            if required:
+                self.fail(f"metadata key {key!r} is missing")
+            return default
+        if not (math.isfinite(v) and v > 0):
+            self.fail(f"metadata key {key!r} is {v}, expected a finite number above 0")
+        return float(v)
 
-    def _check_tensors(self) -> None:
-        seen = set()
-        for t in self.reader.tensors:
-            if t.name in seen:
-                raise ModelError(f"{self.path}: tensor {t.name!r} appears twice")
-            seen.add(t.name)
-            end = int(t.data_offset) + int(t.n_bytes)
-            if end > self.size:
-                raise ModelError(f"{self.path}: tensor {t.name!r} ends at byte {end} but the file has "
-                                 f"{self.size} bytes (truncated?)")
+    def string(self, key: str) -> str | None:
+        return self._typed(key, {"STRING"}, "STRING")
 
     def _config(self) -> Qwen2Config:
         a = "qwen2."
-        heads = int(self._require(a + "attention.head_count"))
-        hidden = int(self._require(a + "embedding_length"))
-        names = {t.name for t in self.reader.tensors}
-        embd = next((t for t in self.reader.tensors if t.name == "token_embd.weight"), None)
-        if embd is None:
-            raise ModelError(f"{self.path}: tensor 'token_embd.weight' is missing")
-        vocab = int(embd.shape[1]) if len(embd.shape) == 2 else -1
+        hidden = self.integer(a + "embedding_length", required=True)
+        heads = self.integer(a + "attention.head_count", required=True)
+        kv_heads = self.integer(a + "attention.head_count_kv", heads)
+        layers = self.integer(a + "block_count", required=True)
+        if layers > len(self.file.tensors):
+            self.fail(f"metadata key {a + 'block_count'!r} is {layers}, but the file has only "
+                      f"{len(self.file.tensors)} tensors")
+        if heads % kv_heads:
+            self.fail(f"metadata key {a + 'attention.head_count'!r} ({heads}) is not a multiple of "
+                      f"{a + 'attention.head_count_kv'!r} ({kv_heads})")
+        head_dim = self.integer(a + "attention.key_length", None)
+        if head_dim is None:
+            head_dim = hidden // heads
+            if head_dim == 0:
+                self.fail(f"metadata key {a + 'attention.head_count'!r} ({heads}) is larger than "
+                          f"{a + 'embedding_length'!r} ({hidden})")
+        value_dim = self.integer(a + "attention.value_length", head_dim)
+        if value_dim != head_dim:
+            self.fail(f"metadata keys {a + 'attention.key_length'!r} ({head_dim}) and "
+                      f"{a + 'attention.value_length'!r} ({value_dim}) differ; qwen2 has one head size")
+        if head_dim % 2:
+            self.fail(f"the head size ({a + 'attention.key_length'!r}, or {a + 'embedding_length'!r} / "
+                      f"{a + 'attention.head_count'!r}) is {head_dim}; rotary embeddings need an even size")
+        scaling = self.string(a + "rope.scaling.type")
+        if scaling not in (None, "none"):
+            self.fail(f"metadata key {a + 'rope.scaling.type'!r} is {scaling!r}; only unscaled rope is supported")
+        embd = self._tensor_info("token_embd.weight")
+        if len(embd.dims) != 2:
+            self.fail(f"tensor 'token_embd.weight' has {len(embd.dims)} dimensions {list(embd.dims)}, expected 2")
+        vocab = embd.dims[1]
+        if vocab > MAX_DIM:
+            self.fail(f"tensor 'token_embd.weight' has {vocab} rows, more than {MAX_DIM}")
         try:
             return Qwen2Config(
                 hidden_size=hidden,
-                intermediate_size=int(self._require(a + "feed_forward_length")),
-                num_hidden_layers=int(self._require(a + "block_count")),
+                intermediate_size=self.integer(a + "feed_forward_length", required=True),
+                num_hidden_layers=layers,
                 num_attention_heads=heads,
-                num_key_value_heads=int(self.value(a + "attention.head_count_kv", heads)),
+                num_key_value_heads=kv_heads,
                 vocab_size=vocab,
-                head_dim=int(self.value(a + "attention.key_length", hidden // heads)),
-                rope_theta=float(self.value(a + "rope.freq_base", 10000.0)),
-                rms_norm_eps=float(self._require(a + "attention.layer_norm_rms_epsilon")),
-                tie_word_embeddings="output.weight" not in names,
-                max_position_embeddings=int(self.value(a + "context_length", 32768)),
+                head_dim=head_dim,
+                rope_theta=self.number(a + "rope.freq_base", 10000.0),
+                rms_norm_eps=self.number(a + "attention.layer_norm_rms_epsilon", required=True),
+                tie_word_embeddings=not any(t.name == "output.weight" for t in self.file.tensors),
+                max_position_embeddings=self.integer(a + "context_length", 32768),
             )
-        except ConfigError as e:
+        except ConfigError as e:  # the checks above cover what Qwen2Config checks; kept as a backstop
             raise ModelError(f"{self.path}: {e}") from None
 
-    def _check_names_and_shapes(self) -> None:
-        from ..frontend.config import weight_shapes
+    # tensors --------------------------------------------------------------------------------
+    def _tensor_info(self, name: str) -> TensorInfo:
+        found = next((t for t in self.file.tensors if t.name == name), None)
+        if found is None:
+            self.fail(f"tensor {name!r} is missing")
+        return found
 
+    def _check_names_and_shapes(self) -> None:
         expected = weight_shapes(self.config)
-        found = {}
-        for t in self.reader.tensors:
+        found: dict[str, TensorInfo] = {}
+        for t in self.file.tensors:
             name = hf_name(t.name)
             if name is None or name not in expected:
-                raise ModelError(f"{self.path}: unexpected tensor {t.name!r} for a "
-                                 f"{self.config.num_hidden_layers}-layer qwen2 model")
-            shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists the fastest axis first
+                self.fail(f"unexpected tensor {t.name!r} for a {self.config.num_hidden_layers}-layer qwen2 model")
+            shape = tuple(reversed(t.dims))  # GGUF lists the fastest axis first
             if shape != expected[name]:
-                raise ModelError(f"{self.path}: tensor {t.name!r} has shape {list(shape)}, but the config "
-                                 f"says {list(expected[name])}")
+                self.fail(f"tensor {t.name!r} has shape {list(shape)}, but the config says {list(expected[name])}")
+            if not dequantizable(t.type):
+                self.fail(f"tensor {t.name!r} has type {t.type}, which the gguf library cannot dequantize")
             found[name] = t
         missing = [n for n in expected if n not in found]
         if missing:
-            raise ModelError(f"{self.path}: {len(missing)} tensor(s) missing, first {missing[0]!r}")
-        self._tensors = found
+            self.fail(f"{len(missing)} tensor(s) missing, first {missing[0]!r}")
+        self.tensors = found
+
+    def gguf_name(self, name: str) -> str:
+        return self.tensors[name].name
 
     def tensor_types(self) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for t in self.reader.tensors:
-            counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+        for t in self.file.tensors:
+            counts[t.type] = counts.get(t.type, 0) + 1
         return counts
 
-    def dequantize(self, progress=None) -> dict[str, np.ndarray]:
-        """Every tensor as float32 in transformers' layout ([out, in] for a projection)."""
+    def raw(self, name: str) -> tuple[str, np.ndarray]:
+        """One tensor as stored: its ggml type name, and its bytes as rows ([rows, bytes per row],
+        rows in transformers' [out] order), mapped from the file."""
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        t = self.tensors[name]
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(t.type_id)]
+        rows = t.n_bytes // (t.dims[0] // block * type_size)
+        # a mapping per tensor: once converted, its pages leave this process (a float32 result
+        # that is a view keeps only its own)
+        return t.type, np.memmap(self.path, dtype=np.uint8, mode="r", offset=t.start,
+                                 shape=(t.n_bytes,)).reshape(rows, -1)
+
+    def convert(self, name: str) -> np.ndarray:
+        """One tensor, by transformers' name, as float32 in transformers' layout ([out, in])."""
+        from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
+        t = self.tensors[name]
+        qtype = GGMLQuantizationType(t.type_id)
+        _, raw = self.raw(name)
+        with np.errstate(invalid="ignore", over="ignore"):  # a non-finite scale: reported by the finite check
+            array = dequantize(raw, qtype)
+        return np.ascontiguousarray(array.reshape(tuple(reversed(t.dims))), dtype=np.float32)
+
+    def dequantize(self, progress=None) -> dict[str, np.ndarray]:
+        """Every tensor as float32 (convert() for each)."""
         out = {}
-        for name, t in self._tensors.items():
-            shape = tuple(int(d) for d in reversed(t.shape))
-            try:
-                array = dequantize(t.data, t.tensor_type)
-            except NotImplementedError:
-                raise ModelError(f"{self.path}: tensor {t.name!r} has type {t.tensor_type.name}, "
-                                 f"which the gguf library cannot dequantize") from None
-            out[name] = np.ascontiguousarray(array.reshape(shape), dtype=np.float32)
+        for name, t in self.tensors.items():
+            out[name] = self.convert(name)
             if progress is not None:
-                progress(int(t.n_bytes))
+                progress(t.n_bytes)
         return out
 
-    def raw_tensors(self, type_name: str) -> dict[str, tuple[np.ndarray, tuple[int, ...]]]:
-        """transformers' name -> (the tensor's bytes as stored, its [rows, row] shape) for every
-        tensor of one GGUF type (e.g. Q8_0): what a precision reads without a float32 round trip."""
-        out = {}
-        for name, t in self._tensors.items():
-            if t.tensor_type.name == type_name:
-                shape = tuple(int(d) for d in reversed(t.shape))
-                out[name] = (np.asarray(t.data).view(np.uint8).reshape(-1), shape)
-        return out
-
+    # tokenizer ------------------------------------------------------------------------------
     def tokenizer_data(self) -> GGUFTokenizerData | None:
-        tokens = self.value("tokenizer.ggml.tokens")
+        tokens = self._typed("tokenizer.ggml.tokens", {"ARRAY[STRING]"}, "an array of strings")
         if tokens is None:
             return None
-        model = self.value("tokenizer.ggml.model")
+        model = self.string("tokenizer.ggml.model")
         if model != "gpt2":
-            raise ModelError(f"{self.path}: tokenizer model {model!r} is not supported (gpt2 byte-level BPE)")
+            self.fail(f"tokenizer model {model!r} is not supported (gpt2 byte-level BPE)")
+        if len(tokens) > self.config.vocab_size:
+            self.fail(f"metadata key 'tokenizer.ggml.tokens' has {len(tokens)} tokens, more than the "
+                      f"{self.config.vocab_size} rows of 'token_embd.weight'")
+        if len(set(tokens)) != len(tokens):
+            first = {}
+            for i, tok in enumerate(tokens):
+                if tok in first:
+                    self.fail(f"metadata key 'tokenizer.ggml.tokens' has token {tok!r} twice (ids {first[tok]} "
+                              f"and {i})")
+                first[tok] = i
+        types = self._typed("tokenizer.ggml.token_type", {f"ARRAY[{t}]" for t in INTEGER_TYPES},
+                            "an array of integers")
+        if types is not None and len(types) != len(tokens):
+            self.fail(f"metadata key 'tokenizer.ggml.token_type' has {len(types)} entries for {len(tokens)} tokens")
+        merges = self._typed("tokenizer.ggml.merges", {"ARRAY[STRING]"}, "an array of strings") or []
+        bad = next((i for i, m in enumerate(merges) if " " not in m), None)
+        if bad is not None:
+            self.fail(f"metadata key 'tokenizer.ggml.merges' entry {bad} ({merges[bad]!r}) is not two tokens "
+                      f"separated by a space")
         return GGUFTokenizerData(
-            tokens=list(tokens),
-            token_types=list(self.value("tokenizer.ggml.token_type") or [1] * len(tokens)),
-            merges=list(self.value("tokenizer.ggml.merges") or []),
-            bos_id=self.value("tokenizer.ggml.bos_token_id"),
-            eos_id=self.value("tokenizer.ggml.eos_token_id"),
-            pre=self.value("tokenizer.ggml.pre"),
-            chat_template=self.value("tokenizer.chat_template"),
+            tokens=tokens,
+            token_types=types if types is not None else [1] * len(tokens),
+            merges=merges,
+            bos_id=self._token_id("tokenizer.ggml.bos_token_id", len(tokens)),
+            eos_id=self._token_id("tokenizer.ggml.eos_token_id", len(tokens)),
+            pre=self.string("tokenizer.ggml.pre"),
+            chat_template=self.string("tokenizer.chat_template"),
         )
+
+    def _token_id(self, key: str, n_tokens: int) -> int | None:
+        v = self._typed(key, INTEGER_TYPES, "an integer type")
+        if v is not None and not 0 <= v < n_tokens:
+            self.fail(f"metadata key {key!r} is {v}, outside the vocabulary of {n_tokens} tokens")
+        return v

@@ -156,7 +156,13 @@ def _basic(k: Kernel) -> tuple:
             legal.append(loop)
     const = [(lp.extent.value, lp.var) for lp in legal if isinstance(lp.extent, IConst)]
     symbolic = [lp.var for lp in legal if not isinstance(lp.extent, IConst)]
-    if const and max(const)[0] >= 16:
+    # a loop of at most 32 iterations inside another one of 16 or more (a block's elements
+    # inside a row's blocks) leaves the work around it to every thread: share the outer one
+    wide = [(n, v) for n, v in const if n >= 16]
+    blocks = [(n, v) for n, v in wide if n > 32 or v == wide[0][1]] if wide else []
+    if blocks:
+        var = max(blocks)[1]
+    elif const and max(const)[0] >= 16:
         var = max(const)[1]
     elif symbolic:
         var = symbolic[0]
