@@ -1,10 +1,14 @@
 """Every matmul shape of the default model, at 1 row (decode) and 64 rows (a prefill chunk):
-(bench/phase4 runs this first, in the same process as its other measurements)
-the scheduled C kernel (the recipe this CPU gets, through the graph harness), NumPy's x @ W.T
-(its BLAS at two threads) and the roofline, max(bytes / read bandwidth, flops / vector peak),
-from a probe run in the same process. Engines alternate within each round.
+(bench/phase4 and bench/phase6 run this first, in the same process as their other measurements)
+the scheduled C kernel (the recipe this CPU gets, through the graph harness), and the roofline,
+max(bytes / read bandwidth, operations / peak), from a probe run in the same process.
 
-    python -m bench.matmul_shapes [--rounds 5]
+float32: the kernel against NumPy's x @ W.T (its BLAS at two threads), alternating within each
+round; the peak is the probe's vector multiply-add. int8: block_matmul on quantized activations
+and Q8_0 weights (the quantization of the activations is a separate kernel, not timed here);
+the peak is the probe's int8 dot product, the bytes the weights' 34 per 32 values.
+
+    python -m bench.matmul_shapes [--rounds 5] [--precision f32|int8]
 """
 from __future__ import annotations
 
@@ -28,11 +32,32 @@ SHAPES = {  # name: (K inputs, N outputs), in the order a layer runs them
 COLD_BYTES = 512e6  # more than every cache
 
 
-def _graph(k: int, n: int):
+def _graph(k: int, n: int, precision: str = "f32"):
     from nanocompile.ir import SEQ, GraphBuilder
-    b = GraphBuilder(f"matmul_{k}x{n}")
-    b.output("y", b.matmul(b.input("x", [SEQ, k]), b.permute(b.weight("w", [n, k]), [1, 0])))
+    b = GraphBuilder(f"matmul_{k}x{n}_{precision}")
+    if precision == "int8":
+        y = b.block_matmul(b.input("xq", [SEQ, k], "i8"), b.input("xd", [SEQ, k // 32]), b.weight("wq", [n, k], "i8"),
+                           b.weight("wd", [n, k // 32], "f16"))
+    else:
+        y = b.matmul(b.input("x", [SEQ, k]), b.permute(b.weight("w", [n, k]), [1, 0]))
+    b.output("y", y)
     return b.finish()
+
+
+def _operands(k: int, n: int, m: int, precision: str, rng):
+    """(inputs, weights, reference y) for one shape."""
+    import numpy as np
+
+    if precision == "int8":
+        from nanocompile import interpreter
+        from nanocompile.quantize import quantize_q8_0
+        wq, wd = quantize_q8_0((rng.standard_normal((n, k)) * 0.05).astype(np.float32))
+        xq = rng.integers(-127, 128, (m, k)).astype(np.int8)
+        xd = (rng.random((m, k // 32)) * 0.01).astype(np.float32)
+        return {"xq": xq, "xd": xd}, {"wq": wq, "wd": wd}, interpreter.block_matmul(xq, xd, wq, wd)
+    w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    return {"x": x}, {"w": w}, x @ w.T
 
 
 def _time(fn, repeat: int) -> float:
@@ -48,7 +73,7 @@ HEADER = ("| shape | K x N | rows | nanocompile us, median | numpy us | roofline
           "|---|---|---|---|---|---|---|")
 
 
-def measure(rounds: int, machine: dict) -> list[dict]:
+def measure(rounds: int, machine: dict, precision: str = "f32") -> list[dict]:
     """Every shape at 1 and 64 rows; prints a table row as each is measured."""
     import numpy as np
 
@@ -56,17 +81,19 @@ def measure(rounds: int, machine: dict) -> list[dict]:
 
     print(HEADER)
     rng = np.random.default_rng(0)
-    bw, peak = machine["read_gb_s"]["median"] * 1e9, vector_peak(machine)["median"] * 1e9
+    bw = machine["read_gb_s"]["median"] * 1e9
+    peak = (machine["int8_dot_gmac_s"]["median"] if precision == "int8" else vector_peak(machine)["median"]) * 1e9
     rows = []
     for name, (k, n) in SHAPES.items():
-        lib = GraphLibrary(_graph(k, n), max_seq=64, schedule="default")
-        w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+        lib = GraphLibrary(_graph(k, n, precision), max_seq=64, schedule="default")
         for m in (1, 64):
-            x = rng.standard_normal((m, k)).astype(np.float32)
+            inputs, weights, want = _operands(k, n, m, precision, rng)
             # copies of the weights, used in turn, so that each call reads its weights from
             # memory as decode does, not from a cache the previous call filled
-            copies = [w] + [w.copy() for _ in range(max(0, int(COLD_BYTES // w.nbytes)))]
-            runs = [lib.bind({"seq": m, "past": 0}, {"x": x}, {"w": c}, threads=THREADS) for c in copies]
+            size = sum(w.nbytes for w in weights.values())
+            copies = [weights] + [{key: w.copy() for key, w in weights.items()}
+                                  for _ in range(max(0, int(COLD_BYTES // size)))]
+            runs = [lib.bind({"seq": m, "past": 0}, inputs, c, threads=THREADS) for c in copies]
             turn = {"c": 0, "np": 0}
 
             def run_c():
@@ -75,11 +102,14 @@ def measure(rounds: int, machine: dict) -> list[dict]:
 
             def run_np():
                 turn["np"] = (turn["np"] + 1) % len(copies)
-                return x @ copies[turn["np"]].T
+                return inputs["x"] @ copies[turn["np"]]["w"].T
 
-            engines = {"nanocompile": run_c, "numpy": run_np}
+            engines = {"nanocompile": run_c} if precision == "int8" else {"nanocompile": run_c, "numpy": run_np}
             got = np.asarray(runs[0]()[-1])
-            assert np.allclose(got, x @ w.T, rtol=1e-3, atol=1e-3), name
+            if precision == "int8":
+                assert np.array_equal(got, want), name  # exact: integer sums, the float part in order
+            else:
+                assert np.allclose(got, want, rtol=1e-3, atol=1e-3), name
             samples = {e: [] for e in engines}
             inner = 3 if n * k * 4 > 1e8 else 20
             for r in range(rounds):
@@ -89,13 +119,14 @@ def measure(rounds: int, machine: dict) -> list[dict]:
                     time.sleep(0.2)
                     engines[e]()
                     samples[e].append(_time(engines[e], inner))
-            nbytes, flops = 4 * (n * k + m * k + m * n), 2 * m * n * k
-            roof = max(nbytes / bw, flops / peak)
-            row = {"shape": name, "K": k, "N": n, "rows": m, "roofline_us": roof * 1e6,
+            nbytes = size + sum(x.nbytes for x in inputs.values()) + 4 * m * n
+            roof = max(nbytes / bw, (m * n * k if precision == "int8" else 2 * m * n * k) / peak)
+            row = {"shape": name, "K": k, "N": n, "rows": m, "precision": precision, "roofline_us": roof * 1e6,
                    **{e: summary([t * 1e6 for t in s]) for e, s in samples.items()}}
             rows.append(row)
-            c, npy = row["nanocompile"]["median"], row["numpy"]["median"]
-            print(f"| {name} | {k}x{n} | {m} | {c:9.1f} (min {row['nanocompile']['min']:.1f}) | {npy:9.1f} | "
+            c = row["nanocompile"]["median"]
+            npy = f"{row['numpy']['median']:9.1f}" if "numpy" in row else "—"
+            print(f"| {name} | {k}x{n} | {m} | {c:9.1f} (min {row['nanocompile']['min']:.1f}) | {npy} | "
                   f"{roof * 1e6:9.1f} | {roof * 1e6 / c:5.0%} |", flush=True)
     return rows
 
@@ -103,12 +134,14 @@ def measure(rounds: int, machine: dict) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--precision", choices=["f32", "int8"], default="f32")
     args = ap.parse_args()
     from bench import probe
 
     machine = probe.measure()
-    rows = measure(args.rounds, machine)
-    append({"bench": "matmul_shapes", "rounds": args.rounds, "probe": machine, "rows": rows})
+    rows = measure(args.rounds, machine, args.precision)
+    append({"bench": "matmul_shapes", "rounds": args.rounds, "precision": args.precision, "probe": machine,
+            "rows": rows})
 
 
 if __name__ == "__main__":

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
-from bench.common import THREADS, append, pin_threads, summary, timed_session, timed_transformers, vector_peak
+from bench.common import (THREADS, alternate, append, engine_table, llama_runner, pin_threads, timed_session,
+                          timed_transformers, vector_peak)
 
 pin_threads()
 
@@ -59,22 +59,6 @@ def main() -> None:
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(0, 150000, args.pp)]
 
-    class Llama:
-        def __init__(self, engine):
-            self.e = engine
-
-        def run(self):
-            self.e.reset()
-            t0 = time.perf_counter()
-            self.e.prefill(prompt)
-            pp = time.perf_counter() - t0
-            steps = []
-            for _ in range(args.tg):
-                s0 = time.perf_counter()
-                self.e.decode(self.e.argmax())
-                steps.append(time.perf_counter() - s0)
-            return pp, steps
-
     scheduled = CompiledSession(model.config, model.weights, n_ctx, THREADS, model.key)
     engines = {"nanocompile scheduled": lambda: timed_session(scheduled, prompt, args.tg)}
     if not args.no_baseline:
@@ -83,31 +67,12 @@ def main() -> None:
     if not args.no_llama:
         from bench.llamacpp import LlamaCppEngine, requantized
         f32 = requantized(Path(model.source), "f32", cache_dir() / "requantized")
-        engines["llama.cpp F32"] = Llama(LlamaCppEngine(f32, n_ctx, THREADS)).run
+        engines["llama.cpp F32"] = llama_runner(LlamaCppEngine(f32, n_ctx, THREADS), prompt, args.tg)
     oracle = build_oracle(model.config, model.weights)
     engines["transformers eager"] = lambda: timed_transformers(oracle, prompt, args.tg)
 
-    pp = {k: [] for k in engines}
-    tg = {k: [] for k in engines}
-    per_round = []  # this round's probe and each engine's medians: ratios within a round are facts
-    for r in range(args.rounds):
-        names = list(engines)
-        order = names[r % len(names):] + names[:r % len(names)]
-        this = {}
-        for name in order:
-            if name == "nanocompile scheduled":  # the bandwidth just before and just after our steps
-                probes.append(probe.measure())
-                before = probes[-1]["read_gb_s"]["median"]
-            p, steps = engines[name]()
-            if name == "nanocompile scheduled":
-                probes.append(probe.measure())
-                this["read_gb_s"] = (before + probes[-1]["read_gb_s"]["median"]) / 2
-            pp[name].append(args.pp / p)
-            tg[name].extend(1 / s for s in steps)
-            this[name] = {"pp": args.pp / p, "step_s": statistics.median(steps)}
-            print(f"  round {r} {name}: pp {args.pp / p:.1f} t/s, tg median {1 / statistics.median(steps):.2f} t/s",
-                  flush=True)
-        per_round.append(this)
+    pp, tg, per_round, round_probes = alternate(engines, args.rounds, args.pp, probed="nanocompile scheduled")
+    probes += round_probes
 
     probes = [{"read_gb_s": p["read_gb_s"], "vector_mul_add_gflop_s": vector_peak(p)} for p in probes]
     machine = {key: {"median": statistics.median(p[key]["median"] for p in probes),
@@ -115,15 +80,7 @@ def main() -> None:
                for key in ("read_gb_s", "vector_mul_add_gflop_s")}
     decode_bytes = bytes_per_run(scheduled.module.variants["last"]).evaluate({"seq": 1, "past": args.pp + args.tg // 2})
     roofline_s = decode_bytes / (machine["read_gb_s"]["median"] * 1e9)
-    results = {}
-    print("\n| engine | threads | test | t/s (mean ± sd) | median | min | max |\n|---|---|---|---|---|---|---|")
-    for name in engines:
-        for test, samples in ((f"pp{args.pp}", pp[name]), (f"tg{args.tg}", tg[name])):
-            s = summary(samples)
-            sd = statistics.stdev(samples) if len(samples) > 1 else 0.0
-            results.setdefault(name, {})[test] = {**s, "mean": statistics.mean(samples), "sd": sd}
-            print(f"| {name} | {THREADS if name != 'nanocompile unscheduled' else 1} | {test} | "
-                  f"{statistics.mean(samples):.2f} ± {sd:.2f} | {s['median']:.2f} | {s['min']:.2f} | {s['max']:.2f} |")
+    results = engine_table(engines, pp, tg, args.pp, args.tg, {"nanocompile unscheduled": 1})
     ours = "nanocompile scheduled"
     fractions = [decode_bytes / (r["read_gb_s"] * 1e9) / r[ours]["step_s"] for r in per_round]
     fraction = statistics.median(fractions)

@@ -5,6 +5,8 @@
  *                vaddps (the kernels do not contract into FMA): the multiply is independent,
  *                the add chains through the accumulator; CHAINS accumulators, as a register
  *                tile holds, 16 lanes (AVX-512, where the CPU has it) and 8 lanes (AVX2)
+ *   int8 peak:   the int8 kernels' dot product of 4 pairs per lane (vpdpbusd, or vpmaddubsw +
+ *                vpmaddwd), CHAINS int32 accumulators
  *
  * Builds and runs on AVX2-only CPUs: the AVX-512 parts compile only with __AVX512F__ and report
  * null otherwise.
@@ -104,6 +106,64 @@ static void *flops256(void *arg)
     return NULL;
 }
 
+/* The int8 kernels' inner step: a dot product of 4 int8 pairs per 32-bit lane into CHAINS int32
+ * accumulators (vpdpbusd with VNNI; vpmaddubsw + vpmaddwd + vpaddd without, as nc_dot4 does). */
+#define DOT_ITERS 10000000L
+static void *dots(void *arg)
+{
+    long t = (long)arg;
+#if defined(__AVX512VNNI__)
+    __m512i acc[CHAINS], a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5);
+    for (int i = 0; i < CHAINS; ++i)
+        acc[i] = _mm512_setzero_si512();
+    pthread_barrier_wait(&start);
+    for (long it = 0; it < DOT_ITERS; ++it)
+#pragma GCC unroll 16
+        for (int i = 0; i < CHAINS; ++i) {
+            __asm__("" : "+v"(b));
+            acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+        }
+    long s = 0;
+    for (int i = 0; i < CHAINS; ++i)
+        s += _mm512_reduce_add_epi32(acc[i]);
+#else
+    __m256i acc[CHAINS], a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(5), ones = _mm256_set1_epi16(1);
+    for (int i = 0; i < CHAINS; ++i)
+        acc[i] = _mm256_setzero_si256();
+    pthread_barrier_wait(&start);
+    for (long it = 0; it < DOT_ITERS; ++it)
+#pragma GCC unroll 16
+        for (int i = 0; i < CHAINS; ++i) {
+            __asm__("" : "+v"(b));
+#if defined(__AVXVNNI__)
+            acc[i] = _mm256_dpbusd_avx_epi32(acc[i], a, b);
+#else
+            acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
+#endif
+        }
+    long s = 0;
+    for (int i = 0; i < CHAINS; ++i) {
+        int v[8];
+        _mm256_storeu_si256((__m256i *)v, acc[i]);
+        for (int j = 0; j < 8; ++j)
+            s += v[j];
+    }
+#endif
+    sums[t] = (double)s;
+    return NULL;
+}
+
+#if defined(__AVX512VNNI__)
+#define DOT_MACS 64 /* int8 multiply-adds per instruction */
+#define DOT_KIND "avx512_vnni"
+#elif defined(__AVXVNNI__)
+#define DOT_MACS 32
+#define DOT_KIND "avx_vnni"
+#else
+#define DOT_MACS 32
+#define DOT_KIND "avx2_maddubs"
+#endif
+
 static double run(void *(*fn)(void *))
 {
     pthread_t th[64];
@@ -131,14 +191,16 @@ int main(int argc, char **argv)
     buffer = aligned_alloc(64, BYTES);
     for (size_t i = 0; i < BYTES / sizeof(float); ++i)
         buffer[i] = 1.0f;
-    double bw[REPEATS], f512[REPEATS], f256[REPEATS];
+    double bw[REPEATS], f512[REPEATS], f256[REPEATS], dot[REPEATS];
     for (int r = 0; r < REPEATS; ++r) {
         bw[r] = BYTES / run(read_part) / 1e9;
 #ifdef __AVX512F__
         f512[r] = 2.0 * 16 * CHAINS * FLOP_ITERS * n_threads / run(flops512) / 1e9;
 #endif
         f256[r] = 2.0 * 8 * CHAINS * FLOP_ITERS * n_threads / run(flops256) / 1e9;
+        dot[r] = (double)DOT_MACS * CHAINS * DOT_ITERS * n_threads / run(dots) / 1e9;
     }
+    qsort(dot, REPEATS, sizeof dot[0], cmp);
     qsort(bw, REPEATS, sizeof bw[0], cmp);
     qsort(f256, REPEATS, sizeof bw[0], cmp);
     char avx512[96] = "null";
@@ -150,7 +212,9 @@ int main(int argc, char **argv)
 #endif
     printf("{\"threads\": %d, \"read_gb_s\": {\"median\": %.2f, \"max\": %.2f}, "
            "\"avx512_mul_add_gflop_s\": %s, "
-           "\"avx2_mul_add_gflop_s\": {\"median\": %.1f, \"max\": %.1f}, \"check\": %g}\n",
-           n_threads, bw[REPEATS / 2], bw[REPEATS - 1], avx512, f256[REPEATS / 2], f256[REPEATS - 1], sums[0]);
+           "\"avx2_mul_add_gflop_s\": {\"median\": %.1f, \"max\": %.1f}, "
+           "\"int8_dot_gmac_s\": {\"median\": %.1f, \"max\": %.1f, \"kind\": \"%s\"}, \"check\": %g}\n",
+           n_threads, bw[REPEATS / 2], bw[REPEATS - 1], avx512, f256[REPEATS / 2], f256[REPEATS - 1],
+           dot[REPEATS / 2], dot[REPEATS - 1], DOT_KIND, sums[0]);
     return 0;
 }

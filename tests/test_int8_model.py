@@ -37,10 +37,11 @@ def test_int8_weights_are_llama_cpp_q8_0(real_model, int8_weights, tmp_path_fact
     as stored, the others dequantized by the gguf library and quantized by its Q8_0 quantizer,
     which is ggml's reference quantizer."""
     q8_path = requantized(Path(real_model.source), "q8_0", tmp_path_factory.mktemp("llama"))
-    theirs = GGUFModel(q8_path).raw_tensors("Q8_0")
+    gguf = GGUFModel(q8_path)
+    theirs = {name: gguf.raw(name)[1] for name, t in gguf.tensors.items() if t.type == "Q8_0"}
     values = scales = differing_values = differing_scales = 0
-    for name, (raw, (n, k)) in theirs.items():
-        qs, d = split_q8_0(raw, n, k)
+    for name, raw in theirs.items():
+        qs, d = split_q8_0(raw, *real_model.weights.shapes[name])
         values, scales = values + qs.size, scales + d.size
         differing_values += int((qs != int8_weights[name + ".qs"]).sum())
         differing_scales += int((d.view(np.uint16) != int8_weights[name + ".d"].view(np.uint16)).sum())

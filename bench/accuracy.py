@@ -1,0 +1,146 @@
+"""Accuracy of each precision, as llama.cpp's perplexity tool reports it (--kl-divergence), on
+real text no one here wrote: modules of the Python standard library that ships with this
+interpreter.
+
+The text is cut into chunks of --ctx tokens; each engine computes every row's logits of a chunk
+from an empty cache and the second half of each chunk is scored (as llama-perplexity does).
+Every engine reads the same token ids (ours, from the model's tokenizer). For each engine:
+perplexity; against its float32 reference (ours against ours, llama.cpp against llama.cpp):
+mean and 99th-percentile KL divergence and how often the top token agrees ("same top p"); and
+ours against llama.cpp on the same weights.
+
+    python -m bench.accuracy [--chunks 4] [--ctx 512] [--precisions f32,int8]
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import THREADS, append, pin_threads
+
+pin_threads()
+
+MODULES = ("textwrap", "heapq", "bisect", "fractions", "difflib", "shlex", "string", "calendar")
+LLAMA = {"f32": "f32", "int8": "q8_0"}  # llama.cpp's GGUF of the same numbers as each of our precisions
+
+
+def corpus_tokens(tokenizer, n: int) -> list[int]:
+    """The first n tokens of the standard library modules above, joined."""
+    import importlib
+
+    text = "\n\n".join(inspect.getsource(importlib.import_module(m)) for m in MODULES)
+    ids = tokenizer.encode(text)
+    if len(ids) < n:
+        raise SystemExit(f"the corpus has {len(ids)} tokens, fewer than the {n} asked for")
+    return ids[:n]
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x -= x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+class Scores:
+    """Per scored position: the log-probabilities an engine gave the next token, and against a
+    reference engine the KL divergence and whether the top token agrees."""
+
+    def __init__(self):
+        self.nll, self.kl, self.same_top = [], [], []
+
+    def add(self, logp: np.ndarray, targets: np.ndarray, reference: np.ndarray | None) -> None:
+        self.nll.extend(-logp[np.arange(len(targets)), targets])
+        if reference is not None:
+            self.kl.extend((np.exp(reference) * (reference - logp)).sum(axis=-1))
+            self.same_top.extend(reference.argmax(-1) == logp.argmax(-1))
+
+    def report(self) -> dict:
+        out = {"ppl": float(np.exp(np.mean(self.nll))), "positions": len(self.nll)}
+        if self.kl:
+            kl = np.asarray(self.kl)
+            out.update({"kl_mean": float(kl.mean()), "kl_p99": float(np.percentile(kl, 99)),
+                        "kl_median": float(np.median(kl)), "same_top": float(np.mean(self.same_top))})
+        return out
+
+
+def llama_logits(llm, ids: list[int]) -> np.ndarray:
+    """Every row's logits from llama.cpp (a context made with logits_all)."""
+    llm.reset()
+    llm.eval(ids)
+    return np.array(llm.scores[:len(ids)], dtype=np.float32)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--chunks", type=int, default=4)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--precisions", default="f32,int8")
+    ap.add_argument("--no-llama", action="store_true")
+    args = ap.parse_args()
+    precisions = args.precisions.split(",")
+
+    from nanocompile.cache.location import cache_root
+    from nanocompile.models import load_model
+    from nanocompile.peer import quiet_stderr, requantized
+    from nanocompile.session import open_session
+
+    model = load_model("default", progress=False)
+    ids = corpus_tokens(model.tokenizer, args.chunks * args.ctx)
+    ours = {p: open_session(model, "compiled", n_ctx=args.ctx, threads=THREADS, precision=p) for p in precisions}
+    theirs = {}
+    if not args.no_llama:
+        from llama_cpp import Llama
+        for p in precisions:
+            path = requantized(Path(model.source), LLAMA[p], cache_root().path / "requantized")
+            with quiet_stderr():
+                theirs[p] = Llama(model_path=str(path), n_ctx=args.ctx, n_threads=THREADS, n_threads_batch=THREADS,
+                                  n_batch=args.ctx, logits_all=True, verbose=False)
+    scores = {f"nanocompile {p}": Scores() for p in precisions}
+    scores.update({f"llama.cpp {LLAMA[p].upper()}": Scores() for p in theirs})
+    cross = {p: Scores() for p in theirs}  # ours against llama.cpp, same weights
+    half = args.ctx // 2
+    for c in range(args.chunks):
+        chunk = ids[c * args.ctx:(c + 1) * args.ctx]
+        targets = np.asarray(chunk[half + 1:])  # row i's logits predict token i + 1
+        rows = slice(half, args.ctx - 1)
+        logp = {}
+        for p, s in ours.items():
+            s.reset()
+            logp[f"nanocompile {p}"] = log_softmax(s.step(chunk, all_logits=True)[rows])
+        for p, llm in theirs.items():
+            with quiet_stderr():
+                logp[f"llama.cpp {LLAMA[p].upper()}"] = log_softmax(llama_logits(llm, chunk)[rows])
+        for name, lp in logp.items():
+            engine = name.split(" ")[0]
+            reference = logp.get(f"{engine} {'f32' if engine == 'nanocompile' else 'F32'}")
+            scores[name].add(lp, targets, None if reference is lp else reference)
+        for p in theirs:
+            cross[p].add(logp[f"nanocompile {p}"], targets, logp[f"llama.cpp {LLAMA[p].upper()}"])
+        print(f"chunk {c + 1}/{args.chunks}", flush=True)
+
+    report = {name: s.report() for name, s in scores.items()}
+    report_cross = {p: s.report() for p, s in cross.items()}
+    print(f"\n{args.chunks} chunks of {args.ctx} tokens from {', '.join(MODULES)}; the second half of each "
+          f"scored ({args.chunks * (args.ctx - 1 - half)} positions)\n")
+    print("| engine | perplexity | KL vs its float32: mean | 99th pct | same top token |\n|---|---|---|---|---|")
+    for name, r in report.items():
+        kl = f"{r['kl_mean']:.5f} | {r['kl_p99']:.5f} | {r['same_top']:.2%}" if "kl_mean" in r else "— | — | —"
+        print(f"| {name} | {r['ppl']:.4f} | {kl} |")
+    if report_cross:
+        print("\n| ours vs llama.cpp, same weights | KL mean | 99th pct | same top token |\n|---|---|---|---|")
+        for p, r in report_cross.items():
+            print(f"| nanocompile {p} vs llama.cpp {LLAMA[p].upper()} | {r['kl_mean']:.5f} | {r['kl_p99']:.5f} | "
+                  f"{r['same_top']:.2%} |")
+    for p in precisions:
+        if p != "f32" and f"llama.cpp {LLAMA[p].upper()}" in report and "kl_mean" in report[f"nanocompile {p}"]:
+            ratio = report[f"nanocompile {p}"]["kl_mean"] / report[f"llama.cpp {LLAMA[p].upper()}"]["kl_mean"]
+            print(f"\n{p}: our KL divergence / llama.cpp {LLAMA[p].upper()}'s = {ratio:.3f}")
+    append({"bench": "accuracy", "chunks": args.chunks, "ctx": args.ctx, "modules": MODULES, "engines": report,
+            "ours_vs_llama": report_cross})
+
+
+if __name__ == "__main__":
+    main()
