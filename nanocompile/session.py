@@ -38,6 +38,7 @@ class InterpreterSession:
     """Runs Qwen2 with the NumPy interpreter: the reference backend."""
 
     backend_name = "interp"
+    max_chunk = 64  # the prompt is fed in chunks of this many tokens, as the compiled library runs it
 
     def __init__(self, config: Qwen2Config, weights: dict[str, np.ndarray], n_ctx: int = 4096):
         from . import interpreter
@@ -54,6 +55,20 @@ class InterpreterSession:
         empty = np.zeros((cfg.num_key_value_heads, 0, cfg.head_dim), np.float32)
         self.cache = {name: empty for name in cache_names(cfg)}
         self.past = 0
+        self._history: list[int] = []
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens in the KV cache, in order."""
+        return self._history[:self.past]
+
+    def truncate(self, n_past: int) -> None:
+        """Forgets the cached tokens from position n_past on; those before it stay."""
+        if not 0 <= n_past <= self.past:
+            raise InputError(f"truncate: {n_past} is outside 0..{self.past} (the tokens cached)")
+        self.cache = {name: c[:, :n_past] for name, c in self.cache.items()}
+        self.past = n_past
+        del self._history[n_past:]
 
     def step(self, tokens, all_logits: bool = False) -> np.ndarray:
         """Runs new tokens after the cached ones; returns logits [vocab] (or [seq, vocab])."""
@@ -64,6 +79,7 @@ class InterpreterSession:
         graph = self._graphs[all_logits]
         env = {"seq": int(ids.size), "past": self.past}
         out = self._run(graph, env, {"tokens": ids, **self.cache}, self.weights)
+        self._history[self.past:] = ids.tolist()
         self.cache = {name: out[name] for name in self.cache}
         self.past += int(ids.size)
         logits = out["logits"]
@@ -71,10 +87,20 @@ class InterpreterSession:
 
 
 BACKENDS = ("compiled", "interp")
+PRECISIONS = ("f32",)
 
 
-def open_session(model, backend: str = "compiled", n_ctx: int = 4096, threads: int = 1, progress: bool = False):
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise InputError(f"--precision {precision}: only f32 is supported so far (int8 with AVX-VNNI is "
+                         f"phase 6 of docs/ROADMAP.md)")
+    return precision
+
+
+def open_session(model, backend: str = "compiled", n_ctx: int = 4096, threads: int = 1, progress: bool = False,
+                 precision: str = "f32"):
     """A session on a LoadedModel: the compiled library (default) or the NumPy interpreter."""
+    check_precision(precision)
     if backend == "interp":
         return InterpreterSession(model.config, model.weights, n_ctx=n_ctx)
     if backend == "compiled":

@@ -203,25 +203,27 @@ def test_chat_on_a_terminal_answers_as_run_does_and_survives_ctrl_c(real_model):
 
 def test_chat_feeds_only_the_new_tokens_of_each_turn(real_model, real_compiled):
     """The second turn reuses the KV cache: it feeds the conversation's tokens after those cached,
-    and its logits are those of feeding the whole conversation at once."""
+    and the logits after them are those of feeding the whole conversation at once (bitwise)."""
     import numpy as np
 
-    from nanocompile.cli.chat import Conversation
-    from nanocompile.generate_text import generate
+    from nanocompile import Model
 
-    tok = real_model.tokenizer
-    stop = set(tok.eos_ids)
-    chat = Conversation(tok, real_compiled, "You are brief.")
-    chat.messages.append({"role": "user", "content": "Name a colour."})
-    first = chat.pending()
-    assert first == tok.encode(tok.render_chat(chat.messages))
-    answer = generate(real_compiled, first, 12, stop).tokens
-    chat.answered(first, answer, stop)
-    assert real_compiled.past == len(chat.cached)
-    chat.messages.append({"role": "user", "content": "Another one."})
-    second = chat.pending()
-    whole = tok.encode(tok.render_chat(chat.messages))
-    assert whole == chat.cached + second and len(second) < 20
-    reused = real_compiled.step(second)
-    real_compiled.reset()
-    assert np.array_equal(reused, real_compiled.step(whole))
+    model = Model.from_session(real_model, real_compiled)
+    model.reset()
+    messages = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Name a colour."}]
+    first_prompt = model.chat_prompt(messages)
+    first = model.create_chat_completion(messages, max_tokens=12, temperature=0)
+    assert (first.timings.cached_tokens, first.timings.prompt_tokens) == (0, len(first_prompt))
+    cached = model.input_ids
+    assert cached == first_prompt + first.tokens[:-1]  # the last token is chosen, not fed
+    messages += [{"role": "assistant", "content": first.message.content}, {"role": "user", "content": "Another one."}]
+    whole = model.chat_prompt(messages)
+    second = model.create_chat_completion(messages, max_tokens=1, temperature=0)
+    assert whole[:len(cached)] == cached and second.timings.cached_tokens == len(cached)
+    assert second.timings.prompt_tokens == len(whole) - len(cached) < 20
+    model.reset()
+    model.eval(cached)
+    reused = model.eval(whole[len(cached):])
+    model.reset()
+    assert np.array_equal(reused, model.eval(whole))
+    assert second.tokens[0] == int(np.argmax(reused))
