@@ -7,6 +7,7 @@ cancelled and the one being answered stops at its next token.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 
@@ -52,8 +53,18 @@ def cmd_serve(args) -> int:
 
     config = uvicorn.Config(app, log_level="warning" if args.quiet else "info", access_log=not args.quiet,
                             timeout_graceful_shutdown=5)
-    Server(config).run(sockets=[sock])
+    # uvicorn shuts down gracefully on SIGINT and SIGTERM, then raises the signal again
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    print("nanocompile: the server stopped", file=sys.stderr)
     return 0
+
+
+def _stop(signum, frame):
+    raise KeyboardInterrupt
 
 
 def add_parser(sub) -> None:

@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..api import Model
 from ..errors import ContextFullError, InputError, ModelError, NanocompileError
@@ -42,30 +42,42 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
 
 class FrontDoor:
     """Before a body is read: 401 for /v1/ requests without `Authorization: Bearer KEY` (when a
-    key is set; /health stays open, for load balancers), and 413 for a declared Content-Length
-    above the limit (a chunked body is counted as it arrives by FastAPI's own limit)."""
+    key is set; /health stays open, for load balancers), and 413 for a body above the limit,
+    declared (Content-Length) or counted as it arrives (chunked)."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, max_body: int):
         self.app, self.key, self.max_body = app, api_key.encode() if api_key else None, max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            headers = dict(scope["headers"])
-            response = None
-            if self.key is not None and scope["path"].startswith("/v1/"):
-                scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-                if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
-                    response = error_response(401, "invalid or missing API key: send the header Authorization: "
-                                              "Bearer KEY", "authentication_error", code="invalid_api_key",
-                                              headers={"WWW-Authenticate": "Bearer"})
-            length = headers.get(b"content-length", b"")
-            if response is None and length.isdigit() and int(length) > self.max_body:
-                response = error_response(413, f"the request body has {int(length)} bytes, more than the limit of "
-                                          f"{self.max_body} (nanocompile serve --max-body sets it)")
-            if response is not None:
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        response = None
+        if self.key is not None and scope["path"].startswith("/v1/"):
+            scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+                response = error_response(401, "invalid or missing API key: send the header Authorization: Bearer KEY",
+                                          "authentication_error", code="invalid_api_key",
+                                          headers={"WWW-Authenticate": "Bearer"})
+        length = headers.get(b"content-length", b"")
+        if response is None and length.isdigit() and int(length) > self.max_body:
+            response = error_response(413, self.too_large(f"has {int(length)} bytes"))
+        if response is not None:
+            return await response(scope, receive, send)
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_body:  # FastAPI turns this into the handler's JSON 413
+                raise HTTPException(413, self.too_large(f"has more than {self.max_body} bytes"))
+            return message
+
+        await self.app(scope, counted, send)
+
+    def too_large(self, what: str) -> str:
+        return f"the request body {what}: the limit is {self.max_body} bytes (nanocompile serve --max-body sets it)"
 
 
 class EventStream(StreamingResponse):
@@ -98,8 +110,8 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         yield
         engine.close()
 
-    app = FastAPI(title="nanocompile", lifespan=lifespan, max_body_size=max_body, strict_content_type=False,
-                  docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="nanocompile", lifespan=lifespan, strict_content_type=False, docs_url=None, redoc_url=None,
+                  openapi_url=None)
     app.state.engine = engine
     app.add_middleware(FrontDoor, api_key=api_key, max_body=max_body)
 
@@ -111,8 +123,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         messages = {404: f"no such endpoint: {request.method} {request.url.path}",
-                    405: f"{request.method} is not allowed on {request.url.path}",
-                    413: f"the request body is larger than the limit of {max_body} bytes"}
+                    405: f"{request.method} is not allowed on {request.url.path}"}
         return error_response(exc.status_code, messages.get(exc.status_code, str(exc.detail)),
                               "invalid_request_error" if exc.status_code < 500 else "server_error",
                               headers=getattr(exc, "headers", None))
@@ -187,11 +198,11 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         try:
             await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not result.done():  # the client left: its request leaves the queue or stops now
+            gone.cancel()
+            if not result.done():  # the client left (or the server stops): the request ends now
                 engine.cancel(job)
                 result.cancel()
-            gone.cancel()
-        if result.cancelled():
+        if not result.done() or result.cancelled():
             return Response(status_code=499)  # nobody is listening
         try:
             return JSONResponse(whole(result.result()))
