@@ -19,7 +19,9 @@ _API = {
     "NanocompileError": "errors", "ModelError": "errors", "InputError": "errors", "ContextFullError": "errors",
     "NonFiniteLogitsError": "errors",
 }
-__all__ = sorted(_API) + ["__version__"]
+__all__ = ["ChatCompletion", "ChatCompletionChunk", "ChatMessage", "Completion", "CompletionChunk", "ContextFullError",
+           "InputError", "Model", "ModelError", "NanocompileError", "NonFiniteLogitsError", "Timings", "Usage", "load",
+           "__version__"]
 
 if TYPE_CHECKING:
     from .api import Model, load

@@ -1,9 +1,11 @@
 """The Python API (nanocompile.Model): each call against a lower layer that defines what it must
 give (the session's own logits, the tokenizer), on a tiny model with the NumPy interpreter where
 speed matters and on the real model where the text matters."""
+import re
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -64,7 +66,8 @@ def test_generate_is_greedy_decoding_of_the_sessions_logits(tiny):
 def test_completion_text_is_the_detokenized_tokens_and_streams_the_same(tiny):
     whole = tiny.create_completion("hello there", max_tokens=20, **GREEDY)
     shown = [t for t in whole.tokens if t not in tiny.eos_token_ids]
-    assert whole.text == tiny.detokenize(shown) and whole.tokens == manual_greedy(tiny, tiny.tokenize("hello there"), 20)
+    assert whole.text == tiny.detokenize(shown)
+    assert whole.tokens == manual_greedy(tiny, tiny.tokenize("hello there"), 20)
     assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (len(tiny.tokenize("hello there")),
                                                                            len(whole.tokens))
     assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
@@ -292,3 +295,11 @@ def test_fill_in_the_middle_on_the_real_model(real_model, real_compiled):
     middle = model.create_completion(prefix, suffix=suffix, max_tokens=6, **GREEDY)
     assert middle.text.startswith("return a + b")
     assert middle.tokens == manual_greedy(model, ids, 6)
+
+
+def test_the_example_in_the_api_docs_runs(real_model, tmp_path):
+    doc = Path(__file__).parent.parent / "docs" / "API.md"
+    code = re.search(r"```python\n(.*?)```", doc.read_text(), re.S).group(1)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=900)
+    assert r.returncode == 0, r.stderr
+    assert "'return a + b" in r.stdout and "def quicksort" not in r.stderr

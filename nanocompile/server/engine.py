@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterable
 
 Work = Callable[[Callable[[], bool]], Iterable[Any]]
