@@ -303,3 +303,22 @@ def test_the_example_in_the_api_docs_runs(real_model, tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=900)
     assert r.returncode == 0, r.stderr
     assert "'return a + b" in r.stdout and "def quicksort" not in r.stderr
+
+
+def test_truncating_the_compiled_kv_cache_is_exact(real_model, real_compiled):
+    """What prefix reuse stands on: after truncate(n), the cache is bitwise what feeding the first
+    n tokens alone leaves, and a refused truncate changes nothing."""
+    tok = real_model.tokenizer
+    common, first, second = (tok.encode(t) for t in ("def area(r):\n", "    return 3.14 * r * r", "    import math"))
+    s = real_compiled
+    s.reset()
+    s.step(common + first)
+    s.truncate(len(common))
+    assert s.past == len(common) and s.tokens == common
+    reused = s.step(second)
+    s.reset()
+    assert np.array_equal(reused, s.step(common + second))
+    with pytest.raises(InputError, match=r"truncate: 99 is outside 0\.\.%d" % s.past):
+        s.truncate(99)
+    assert s.tokens == common + second
+    s.reset()
