@@ -148,14 +148,19 @@ def main(argv=None) -> int:
                                f"{len(results)} and received {tokens}")
             problems += trouble
             ttft = [r["ttft"] for r in results if r["ttft"] is not None]
+            # each answer's own decode speed, after its first token: what the machine gave it
+            speed = [(r["usage"]["completion_tokens"] - 1) / (r["latency"] - r["ttft"]) for r in results
+                     if r["usage"] and r["ttft"] is not None and r["usage"]["completion_tokens"] > 1]
             row = {"clients": clients, "requests": len(results), "wall_s": wall,
                    "requests_per_s": len(results) / wall, "tokens": tokens, "tokens_per_s": tokens / wall,
                    "ttft_s": summary(ttft), "latency_s": summary([r["latency"] for r in results]),
+                   "decode_tok_s_per_request": summary(speed),
                    "lost_or_twice": len(trouble)}
             rows.append(row)
             print(f"{clients:3d} clients: {len(results):3d} requests in {wall:6.1f} s = {row['requests_per_s']:.3f} "
                   f"req/s, {row['tokens_per_s']:.1f} tok/s | time to first token median "
                   f"{row['ttft_s']['median']:.2f} s (min {row['ttft_s']['min']:.2f}, max {row['ttft_s']['max']:.2f}) "
+                  f"| decode {row['decode_tok_s_per_request']['median']:.1f} tok/s per answer "
                   f"| lost or answered twice: {len(trouble)}", flush=True)
     finally:
         server.terminate()
