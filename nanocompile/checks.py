@@ -24,11 +24,13 @@ def check_tokens(tokens, vocab_size: int) -> np.ndarray:
     return array.astype(np.int32)
 
 
-def check_n_ctx(n_ctx: int, cfg: Qwen2Config) -> int:
+def check_n_ctx(n_ctx: int, cfg: Qwen2Config, source: str | None = None) -> int:
+    """source: the model's file or directory, named in the message when the model sets the limit."""
     if not isinstance(n_ctx, int) or n_ctx < 1:
         raise InputError(f"context size must be a positive integer, got {n_ctx!r}")
     if n_ctx > cfg.max_position_embeddings:
-        raise InputError(f"context size {n_ctx} exceeds the model's maximum of {cfg.max_position_embeddings}")
+        where = f" ({source})" if source else ""
+        raise InputError(f"context size {n_ctx} exceeds the model's maximum of {cfg.max_position_embeddings}{where}")
     return n_ctx
 
 

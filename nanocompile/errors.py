@@ -15,3 +15,7 @@ class InputError(NanocompileError):
 
 class ContextFullError(InputError):
     """The context window has no room for the requested tokens."""
+
+
+class NonFiniteLogitsError(NanocompileError):
+    """A step gave NaN or infinite logits: generation stops there, and no token is chosen from them."""

@@ -33,6 +33,7 @@ SIGNATURES = {
     "init": (_c_int, [ctypes.POINTER(_p), _p, _u64, _i32, _i32, _s, _u64]),
     "step": (_c_int, [_p, _p, _i32, _p, _i32]),
     "reset": (None, [_p]),
+    "truncate": (_c_int, [_p, _i32]),
     "free": (None, [_p]),
     "past": (_i32, [_p]),
     "n_ctx": (_i32, [_p]),
@@ -180,7 +181,9 @@ class CompiledSession:
                 raise ModelError(f"{packed_path}: {message}")
             raise (InputError if rc == NC_ERR_ARGUMENT else NanocompileError)(message)
         self.vocab = self.lib.output_row()
+        self.max_chunk = self.lib.max_chunk()  # the library runs longer steps in chunks of this many tokens
         self._last = np.empty(self.vocab, np.float32)
+        self._history = np.zeros(self.n_ctx, np.int32)  # the cached tokens are _history[:past]
 
     @property
     def past(self) -> int:
@@ -193,11 +196,24 @@ class CompiledSession:
     def set_threads(self, n: int) -> None:
         self._check(self.lib.set_threads(self._handle, n))
 
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens in the KV cache, in order."""
+        return self._history[:self.past].tolist()
+
     def reset(self) -> None:
         self.lib.reset(self._handle)
 
+    def truncate(self, n_past: int) -> None:
+        """Forgets the cached tokens from position n_past on; those before it stay."""
+        self._check(self.lib.truncate(self._handle, n_past))
+
     def step(self, tokens, all_logits: bool = False) -> np.ndarray:
         ids = np.ascontiguousarray(check_tokens(tokens, self.config.vocab_size))
+        past = self.past
+        if past + ids.size <= self.n_ctx:
+            # recorded before the call, so the record up to past is right whenever the call returns
+            self._history[past:past + ids.size] = ids
         out = np.empty((ids.size, self.vocab), np.float32) if all_logits else self._last
         self._check(self.lib.step(self._handle, ids.ctypes.data, ids.size, out.ctypes.data, int(all_logits)))
         return out if all_logits else out.copy()

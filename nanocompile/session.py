@@ -22,6 +22,7 @@ class InterpreterSession:
     """Runs Qwen2 with the NumPy interpreter: the reference backend."""
 
     backend_name = "interp"
+    max_chunk = 64  # the prompt is fed in chunks of this many tokens, as the compiled library runs it
 
     def __init__(self, config: Qwen2Config, weights: dict[str, np.ndarray], n_ctx: int = 4096,
                  precision: str = "f32", order: str | None = None):
@@ -41,6 +42,20 @@ class InterpreterSession:
         empty = np.zeros((cfg.num_key_value_heads, 0, cfg.head_dim), np.float32)
         self.cache = {name: empty for name in cache_names(cfg)}
         self.past = 0
+        self._history: list[int] = []
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens in the KV cache, in order."""
+        return self._history[:self.past]
+
+    def truncate(self, n_past: int) -> None:
+        """Forgets the cached tokens from position n_past on; those before it stay."""
+        if not 0 <= n_past <= self.past:
+            raise InputError(f"truncate: {n_past} is outside 0..{self.past} (the tokens cached)")
+        self.cache = {name: c[:, :n_past] for name, c in self.cache.items()}
+        self.past = n_past
+        del self._history[n_past:]
 
     def step(self, tokens, all_logits: bool = False) -> np.ndarray:
         """Runs new tokens after the cached ones; returns logits [vocab] (or [seq, vocab])."""
@@ -51,6 +66,7 @@ class InterpreterSession:
         graph = self._graphs[all_logits]
         env = {"seq": int(ids.size), "past": self.past}
         out = self._run(graph, env, {"tokens": ids, **self.cache}, self.weights)
+        self._history[self.past:] = ids.tolist()
         self.cache = {name: out[name] for name in self.cache}
         self.past += int(ids.size)
         logits = out["logits"]

@@ -26,6 +26,7 @@ class Tokenizer:
         self.chat_template = chat_template
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
         self._added_ids = set(backend.get_added_tokens_decoder())
+        self._plain = None  # the backend that reads control tokens as text, made when first needed
 
     # construction ---------------------------------------------------------------------------
     @staticmethod
@@ -94,9 +95,22 @@ class Tokenizer:
         return Tokenizer(backend, eos, bos_id, template)
 
     # use ----------------------------------------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        """Token ids of text; special tokens written in the text (<|im_start|>) are recognized."""
-        return self.backend.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        """Token ids of text. special: control tokens written in the text (<|im_start|>) are
+        recognized as such; without, they are tokenized as the plain text they are."""
+        if special:
+            return self.backend.encode(text, add_special_tokens=False).ids
+        if self._plain is None:
+            from tokenizers import Tokenizer as Backend
+
+            plain = Backend.from_str(self.backend.to_str())  # a copy: the flag is the backend's state
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return self._plain.encode(text, add_special_tokens=False).ids
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the token spelled text (e.g. "<|fim_prefix|>"), or None if there is none."""
+        return self.backend.token_to_id(text)
 
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special)

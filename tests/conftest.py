@@ -98,6 +98,21 @@ def real_session(real_model):
     return InterpreterSession(real_model.config, real_model.weights, n_ctx=512)
 
 
+@pytest.fixture(scope="session")
+def tiny_chat_model(tmp_path_factory):
+    """A tiny random Qwen2 in a GGUF file with a byte-level tokenizer and a ChatML template, loaded
+    (into a cache of its own): for the API and the server, where speed matters more than text."""
+    from helpers import random_weights, tiny_config, write_gguf
+    from nanocompile.models import load_model
+
+    d = tmp_path_factory.mktemp("tiny_chat")
+    cfg = tiny_config(vocab=300, max_pos=256)
+    path = write_gguf(d / "tiny.gguf", cfg, random_weights(cfg, seed=1), quantize=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NANOCOMPILE_CACHE", str(d / "cache"))
+        return load_model(path, progress=False)
+
+
 @pytest.fixture()
 def isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("NANOCOMPILE_CACHE", str(tmp_path / "cache"))

@@ -1,12 +1,15 @@
 """The command line as a llama-cli / llama-bench user meets it: every command run as a
 subprocess, chat through a pseudo-terminal, and each kind of bad input."""
+import fcntl
 import json
 import os
 import pty
 import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 
 import pytest
@@ -49,6 +52,13 @@ def test_bad_flags_get_a_clear_message(args, status, message):
     assert r.returncode == status and message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+def test_the_command_line_loads_numpy_only_after_setting_blas_threads():
+    # OpenBLAS reads OPENBLAS_NUM_THREADS once, when NumPy loads: -t must come first
+    code = "import sys, nanocompile.cli; print('numpy' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "False"
+
+
 @pytest.mark.c
 def test_bad_input_on_a_model(tiny, tmp_path):
     path, env = tiny
@@ -83,6 +93,33 @@ def test_ctrl_c_stops_generation_cleanly(real_model):
     out, err = p.communicate(timeout=120)
     assert first and p.returncode == 130, err
     assert "stopped: interrupted" in err and "generation:" in err and "Traceback" not in err
+
+
+def test_non_finite_logits_stop_with_an_error_naming_the_step(tiny, tmp_path):
+    """Finite weights whose attention scores overflow float32 (each q.k term is 1e20 x 1e20): the
+    logits are NaN, and no token (least of all token 0) is printed as an answer."""
+    _, env = tiny
+    cfg = tiny_config(vocab=300, max_pos=256)
+    weights = random_weights(cfg)
+    weights["model.layers.0.self_attn.q_proj.bias"][:] = 1e20
+    weights["model.layers.0.self_attn.k_proj.bias"][:] = 1e20
+    path = write_gguf(tmp_path / "overflow.gguf", cfg, weights, quantize=False)
+    for backend in ("compiled", "interp"):
+        r = nc("run", "-q", "-m", str(path), "--backend", backend, "--prompt-ids", "5 6 7", "-n", "4", "--ids",
+               "--temp", "0", env=env, check=False)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert "error: the logits of step 1 (the prompt of 3 tokens) are not finite" in r.stderr, r.stderr
+        assert r.stdout.strip() == "", r.stdout
+
+
+def test_chat_ends_cleanly_when_standard_input_is_closed_or_empty(tiny):
+    path, env = tiny
+    closed = subprocess.run([*NC, "chat", "-q", "-m", path], env=env, capture_output=True, text=True, timeout=300,
+                            preexec_fn=lambda: os.close(0))
+    assert closed.returncode == 0 and "standard input is closed" in closed.stderr, closed.stderr
+    assert "Traceback" not in closed.stderr
+    empty = nc("chat", "-q", "-m", path, env=env, stdin="")
+    assert empty.stdout == "" and "Traceback" not in empty.stderr
 
 
 # bench, compile, info ----------------------------------------------------------------------------
@@ -148,6 +185,9 @@ class Terminal:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:
             os.execvp(args[0], args)
+        # a terminal of 24 x 80, as a user's would be (a pseudo-terminal starts at 0 x 0, where
+        # progress bars draw nothing)
+        fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
         self.screen = b""
 
     def read_until(self, text: bytes, timeout: float = 120) -> bytes:
@@ -211,25 +251,68 @@ def test_chat_on_a_terminal_answers_as_run_does_and_survives_ctrl_c(real_model):
 
 def test_chat_feeds_only_the_new_tokens_of_each_turn(real_model, real_compiled):
     """The second turn reuses the KV cache: it feeds the conversation's tokens after those cached,
-    and its logits are those of feeding the whole conversation at once."""
+    and the logits after them are those of feeding the whole conversation at once (bitwise)."""
     import numpy as np
 
-    from nanocompile.cli.chat import Conversation
-    from nanocompile.generate_text import generate
+    from nanocompile import Model
 
-    tok = real_model.tokenizer
-    stop = set(tok.eos_ids)
-    chat = Conversation(tok, real_compiled, "You are brief.")
-    chat.messages.append({"role": "user", "content": "Name a colour."})
-    first = chat.pending()
-    assert first == tok.encode(tok.render_chat(chat.messages))
-    answer = generate(real_compiled, first, 12, stop).tokens
-    chat.answered(first, answer, stop)
-    assert real_compiled.past == len(chat.cached)
-    chat.messages.append({"role": "user", "content": "Another one."})
-    second = chat.pending()
-    whole = tok.encode(tok.render_chat(chat.messages))
-    assert whole == chat.cached + second and len(second) < 20
-    reused = real_compiled.step(second)
-    real_compiled.reset()
-    assert np.array_equal(reused, real_compiled.step(whole))
+    model = Model.from_session(real_model, real_compiled)
+    model.reset()
+    messages = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Name a colour."}]
+    first_prompt = model.chat_prompt(messages)
+    first = model.create_chat_completion(messages, max_tokens=12, temperature=0)
+    assert (first.timings.cached_tokens, first.timings.prompt_tokens) == (0, len(first_prompt))
+    cached = model.input_ids
+    assert cached == first_prompt + first.tokens[:-1]  # the last token is chosen, not fed
+    messages += [{"role": "assistant", "content": first.message.content}, {"role": "user", "content": "Another one."}]
+    whole = model.chat_prompt(messages)
+    second = model.create_chat_completion(messages, max_tokens=1, temperature=0)
+    assert whole[:len(cached)] == cached and second.timings.cached_tokens == len(cached)
+    assert second.timings.prompt_tokens == len(whole) - len(cached) < 20
+    model.reset()
+    model.eval(cached)
+    reused = model.eval(whole[len(cached):])
+    model.reset()
+    assert np.array_equal(reused, model.eval(whole))
+    assert second.tokens[0] == int(np.argmax(reused))
+
+
+def digits(n: int) -> str:
+    """n digits, each one token for Qwen2's tokenizer: a prompt of known length that takes a while."""
+    return "".join(str(i * 7919 % 10) for i in range(n))
+
+
+def test_ctrl_c_while_a_long_prompt_is_read(real_model, tmp_path):
+    """The prompt goes in chunks with a progress bar (on stderr, after a second); Ctrl-C stops it
+    between two chunks: nothing generated, exit status 130."""
+    prompt = tmp_path / "long.txt"
+    prompt.write_text(digits(2000))
+    assert len(real_model.tokenizer.encode(prompt.read_text())) == 2000
+    t = Terminal([*NC, "run", "-f", str(prompt), "-n", "8", "--temp", "0"])
+    t.read_until(b"tok/s]")  # the bar: "prompt:  22%|...| 448/2000 [00:01<00:04, 310.2tok/s]"
+    t.type(b"\x03")
+    screen = t.read_until(b"stopped: interrupted while reading the prompt")
+    assert b"prompt:" in screen and t.wait() == 130
+
+
+def test_chat_ctrl_c_while_a_long_message_is_read_keeps_the_conversation(real_model, real_compiled):
+    """Ctrl-C while a long message's prompt is processed drops the message and leaves the KV cache
+    as it was: the next question is answered as in a fresh conversation (as the API answers it)."""
+    from nanocompile import Model
+
+    question = "What is the capital of France?"
+    want = Model.from_session(real_model, real_compiled).create_chat_completion(
+        [{"role": "user", "content": question}], max_tokens=10, temperature=0).message.content
+    t = Terminal([*NC, "chat", "-n", "10", "--temp", "0"])
+    t.read_until(b"> ")
+    t.type(digits(2000).encode() + b"\r")
+    t.read_until(b"tok/s]")
+    t.type(b"\x03")
+    t.read_until(b"the message is dropped)\r\n> ")
+    t.screen = b""
+    t.type(question.encode() + b"\r")
+    screen = t.read_until(b"\r\n> ")
+    answer = screen.split(question.encode(), 1)[1].rsplit(b"> ", 1)[0]
+    assert want.encode() in answer.replace(b"\r\n", b"\n"), (want, answer)
+    t.type(b"/exit\r")
+    assert t.wait() == 0

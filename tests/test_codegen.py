@@ -77,3 +77,9 @@ def test_dump_after_on_the_command_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "nanocompile.generate", "--default-arch", "--out", str(tmp_path / "g"),
                         "--dump-after", "fusion"], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "graph qwen2_logits_none(seq, past) {" in r.stdout, r.stderr
+
+
+def test_the_command_line_lists_the_compilers_stages():
+    from nanocompile.choices import STAGE_NAMES
+
+    assert tuple(STAGES) == STAGE_NAMES

@@ -59,3 +59,34 @@ def test_same_seed_same_tokens():
 def test_bad_parameters_are_named(bad, message):
     with pytest.raises(InputError, match=message):
         Sampler(SamplingParams(**bad))
+
+
+def test_frequency_and_presence_penalties_subtract_as_llama_cpp_does():
+    # logit - count * frequency - presence, over the remembered tokens: 3.0 - 2 * 0.3 - 0.0 = 2.4 < 2.5
+    s = Sampler(SamplingParams(temperature=0, frequency_penalty=0.3))
+    s.accept([1, 1])
+    assert s(LOGITS) == 2
+    s = Sampler(SamplingParams(temperature=0, frequency_penalty=0.3))
+    s.accept([1])  # 3.0 - 0.3 = 2.7 > 2.5
+    assert s(LOGITS) == 1
+    s = Sampler(SamplingParams(temperature=0, presence_penalty=0.6))
+    s.accept([1])  # 3.0 - 0.6 = 2.4 < 2.5, however often it occurred
+    assert s(LOGITS) == 2
+
+
+def test_a_shared_generator_continues_its_sequence():
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    one = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=5))
+    want = [one(LOGITS) for _ in range(40)]
+    rng = np.random.default_rng(5)
+    a, b = Sampler(params, rng=rng), Sampler(params, rng=rng)
+    assert [a(LOGITS) for _ in range(20)] + [b(LOGITS) for _ in range(20)] == want
+
+
+def test_parameters_are_named_as_the_api_names_them():
+    with pytest.raises(InputError, match=r"^top_p must be in \(0, 1\]"):
+        SamplingParams(top_p=2.0).check(flag_names=False)
+    with pytest.raises(InputError, match="^temperature must be a finite number"):
+        SamplingParams(temperature=float("nan")).check(flag_names=False)
+    with pytest.raises(InputError, match="^--temp must be a finite number"):
+        SamplingParams(temperature=float("inf")).check()

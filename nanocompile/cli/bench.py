@@ -13,10 +13,7 @@ import statistics
 import sys
 import time
 
-import numpy as np
-
 from ..errors import NanocompileError
-from ..frontend.qwen2 import weight_specs
 from .common import add_model_flags, check_precision, int_list, set_blas_threads
 
 
@@ -45,6 +42,9 @@ def _params(n: int) -> str:
 
 
 def cmd_bench(args) -> int:
+    # the interpreter's BLAS reads its thread count once, when NumPy loads: the first -t sets it
+    set_blas_threads(args.threads[0])
+    import numpy as np
 
     from ..models import load_model
     from ..session import open_session
@@ -69,7 +69,6 @@ def cmd_bench(args) -> int:
     rng = np.random.default_rng(0)
     rows = []
     for threads in args.threads:
-        set_blas_threads(threads)
         session = open_session(model, args.backend, n_ctx=n_ctx, threads=threads, progress=not args.quiet,
                                precision=args.precision)
         for kind, size in tests:
@@ -98,6 +97,10 @@ COLUMNS = ("model", "size", "params", "precision", "backend", "threads", "test")
 def weights_bytes(cfg, precision: str) -> int:
     """The bytes of the weights in a precision's form (int8: 1 byte per value and a float16
     scale per 32), as the packed weights file holds them."""
+    import numpy as np
+
+    from ..frontend.qwen2 import weight_specs
+
     sizes = {"f32": 4, "i8": 1, "f16": 2}
     return sum(int(np.prod(shape)) * sizes[dtype] for shape, dtype in weight_specs(cfg, precision).values())
 

@@ -1,77 +1,60 @@
 """`nanocompile chat`: a multi-turn conversation in the model's own chat template.
 
-The KV cache is kept between turns: each turn feeds only the tokens the cache does not hold yet
-(the new user message, in the template), when the conversation re-renders to the tokens already
-cached followed by new ones; otherwise (a reply that re-tokenizes differently) it starts the
-cache over from the whole conversation. Ctrl-C during an answer stops it after the current
-token and keeps the conversation (the partial answer is part of it); at the prompt, it drops
-the line. /exit or end of input leaves, /reset starts over.
+Built on the API's create_chat_completion, whose KV cache keeps the conversation: each turn feeds
+only the tokens after those already cached (the new user message, in the template). Ctrl-C during
+an answer stops it after the current token and keeps the conversation (the partial answer is part
+of it); during a long message's prompt, it drops the message and leaves the cache as it was; at
+the prompt, it drops the line. /exit or end of input (Ctrl-D, a closed or finished standard
+input) leaves, /reset starts over.
 """
 from __future__ import annotations
 
 import sys
 
 from ..errors import ContextFullError, NanocompileError
-from .common import add_model_flags, add_sampling_flags, open_model_session, sampler_from, set_blas_threads
-from .run import Interrupted, StopOnInterrupt, write_out
+from .common import add_model_flags, add_sampling_flags, open_model, sampling_from, set_blas_threads
+from .run import StopOnInterrupt, write_out
 
 HELP = "/exit or Ctrl-D leaves, /reset starts over, Ctrl-C stops an answer"
 
 
-class Conversation:
-    def __init__(self, tokenizer, session, system: str | None):
-        self.tok, self.session, self.system = tokenizer, session, system
-        self.reset()
-
-    def reset(self) -> None:
-        self.messages = [{"role": "system", "content": self.system}] if self.system else []
-        self.cached: list[int] = []  # the tokens in the session's KV cache, in order
-        self.session.reset()
-
-    def pending(self) -> list[int]:
-        """Tokens to feed for the conversation so far (ending in the assistant's turn)."""
-        ids = self.tok.encode(self.tok.render_chat(self.messages))
-        n = len(self.cached)
-        if n and ids[:n] == self.cached and len(ids) > n:
-            return ids[n:]
-        self.session.reset()
-        self.cached = []
-        return ids
-
-    def answered(self, fed: list[int], answer: list[int], stop) -> None:
-        """Records a turn: the tokens fed, and the answer (its last token is chosen but not yet
-        fed: the next turn's tokens begin with it)."""
-        self.cached += fed + answer[:-1]
-        self.messages.append({"role": "assistant", "content": self.tok.decode([t for t in answer if t not in stop])})
+def read_line(terminal: bool) -> str | None:
+    """The next line typed or piped in; None at the end of input (or a closed or broken one)."""
+    try:
+        if terminal:
+            return input("> ")
+        line = sys.stdin.readline()
+        return line if line else None
+    except EOFError:
+        if terminal:
+            print("", file=sys.stderr)
+        return None
+    except (OSError, ValueError):  # the terminal hung up, or the stream was closed under us
+        return None
 
 
 def cmd_chat(args) -> int:
-    from ..generate_text import TextStream, generate
-
     set_blas_threads(args.threads)
-    sampler = sampler_from(args)
+    sampling = sampling_from(args)
     if args.n_predict < -1:
         raise NanocompileError(f"-n must be -1 (until end of text) or >= 0, got {args.n_predict}")
-    model, session = open_model_session(args, args.ctx_size)
-    tok = model.tokenizer
-    if tok is None or not tok.chat_template:
-        raise NanocompileError(f"{model.source} has no chat template; use nanocompile run")
-    chat = Conversation(tok, session, args.system)
-    stop = set(tok.eos_ids)
+    if sys.stdin is None or sys.stdin.closed:
+        print("chat: standard input is closed; nothing to answer", file=sys.stderr)
+        return 0
+    model = open_model(args, args.ctx_size)
+    if model.tokenizer is None or not model.tokenizer.chat_template:
+        raise NanocompileError(f"{model.loaded.source} has no chat template; use nanocompile run")
+    start = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(start)
     terminal = sys.stdin.isatty()
     print(f"chat: {HELP}", file=sys.stderr)
     while True:
         try:
-            line = input("> ") if terminal else sys.stdin.readline()
+            line = read_line(terminal)
         except KeyboardInterrupt:
             print("", file=sys.stderr)
             continue
-        except EOFError:
-            line = ""
-            if terminal:
-                print("", file=sys.stderr)
-            break
-        if not terminal and line == "":
+        if line is None:
             break
         text = line.strip()
         if not text:
@@ -79,43 +62,41 @@ def cmd_chat(args) -> int:
         if text == "/exit":
             break
         if text == "/reset":
-            chat.reset()
+            messages = list(start)
+            model.reset()
             print("(the conversation starts over)", file=sys.stderr)
             continue
         if text.startswith("/"):
             print(f"unknown command {text.split()[0]}: {HELP}", file=sys.stderr)
             continue
-        chat.messages.append({"role": "user", "content": text})
-        feed = chat.pending()
-        if session.past + len(feed) >= session.n_ctx:
-            chat.messages.pop()
-            print(f"(this message does not fit in what is left of the context of {session.n_ctx} tokens: "
-                  f"/reset to start over, or a larger -c)", file=sys.stderr)
-            continue
-        answer: list[int] = []
-        stream = TextStream(tok, write_out)
-        with StopOnInterrupt() as interrupt:
-            def on_token(token):
-                answer.append(token)
-                if token not in stop:
-                    stream(token)
-                interrupt.check()
-
-            sampler.accept(feed)
-            reason = ""
+        messages.append({"role": "user", "content": text})
+        answer: list[str] = []
+        reason = ""
+        with StopOnInterrupt() as interrupted:
             try:
-                reason = generate(session, feed, args.n_predict, stop, on_token, sampler).stop_reason
-            except Interrupted:
-                reason = "interrupted"
-            except ContextFullError as e:
-                reason = str(e)
-        stream.flush()
+                for chunk in model.create_chat_completion(messages, max_tokens=args.n_predict, stream=True,
+                                                          should_stop=interrupted, **sampling):
+                    answer.append(chunk.content)
+                    write_out(chunk.content)
+                    reason = chunk.stop_reason or reason
+            except ContextFullError:
+                messages.pop()
+                print(f"(this message does not fit in the context of {model.n_ctx} tokens: /reset to start over, "
+                      f"or a larger -c)", file=sys.stderr)
+                continue
+            except NanocompileError:
+                write_out("\n")
+                raise
+        if reason == "interrupted" and not model.timings.generated_tokens:
+            messages.pop()  # stopped while reading the message: the cache is as it was before it
+            print("(stopped before the answer; the message is dropped)", file=sys.stderr)
+            continue
         write_out("\n")
-        chat.answered(feed, answer, stop)
+        messages.append({"role": "assistant", "content": "".join(answer)})
         if reason == "interrupted":
             print("(answer stopped)", file=sys.stderr)
         elif reason == "context":
-            print(f"(the context of {session.n_ctx} tokens is full: /reset to start over)", file=sys.stderr)
+            print(f"(the context of {model.n_ctx} tokens is full: /reset to start over)", file=sys.stderr)
     return 0
 
 

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from ..errors import NanocompileError
-from ..frontend.qwen2 import PRECISIONS
+from ..choices import PRECISIONS
 
 
 def positive_threads(value: str) -> int:
@@ -59,10 +60,14 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--repeat-last-n", type=int, default=64, help="recent tokens the penalty looks at")
 
 
-def sampler_from(args):
-    from ..sampling import Sampler, SamplingParams
-    return Sampler(SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty,
-                                  args.repeat_last_n, args.seed))
+def sampling_from(args) -> dict:
+    """The sampling flags as the API's keyword arguments, checked before the model loads."""
+    from ..sampling import SamplingParams
+
+    params = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, args.repeat_last_n,
+                            args.seed).check(flag_names=True)
+    return dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
+                repeat_penalty=params.repeat_penalty, repeat_last_n=params.repeat_last_n)
 
 
 def check_precision(precision: str) -> None:
@@ -70,19 +75,17 @@ def check_precision(precision: str) -> None:
         raise NanocompileError(f"--precision {precision}: choose from {', '.join(PRECISIONS)}")
 
 
-def open_model_session(args, n_ctx: int | None):
-    """The model and a session on it; n_ctx None: 4096 or the model's maximum if smaller."""
-    from ..models import load_model
-    from ..session import open_session
+def open_model(args, n_ctx: int | None):
+    """The API's Model for the model flags; n_ctx None: 4096 or the model's maximum if smaller."""
+    from ..api import Model
 
-    check_precision(args.precision)
-    model = load_model(args.model, progress=not args.quiet)
-    if n_ctx is None:
-        n_ctx = min(4096, model.config.max_position_embeddings)
-    elif n_ctx > model.config.max_position_embeddings:
-        raise NanocompileError(f"context size {n_ctx} exceeds the model's maximum of "
-                               f"{model.config.max_position_embeddings} ({model.source}; -c sets the size)")
-    threads = getattr(args, "threads", 2)
-    session = open_session(model, args.backend, n_ctx=n_ctx, threads=threads, progress=not args.quiet,
-                           precision=args.precision)
-    return model, session
+    return Model(args.model, n_ctx=n_ctx, n_threads=getattr(args, "threads", 2), precision=args.precision,
+                 backend=args.backend, seed=getattr(args, "seed", -1), progress=not args.quiet)
+
+
+def report(model) -> None:
+    """llama-cli's line after a run: prompt and generation speed, backend, seed."""
+    t = model.timings
+    print(f"prompt: {t.prompt_tokens} tokens, {t.prompt_seconds * 1000:.1f} ms, {t.prompt_tps:.2f} tok/s | "
+          f"generation: {t.generated_tokens} tokens, {t.decode_tps:.2f} tok/s | backend {model.backend} | "
+          f"seed {model.seed}", file=sys.stderr)

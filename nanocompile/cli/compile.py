@@ -6,8 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..compiler import STAGES
-from ..frontend.qwen2 import PRECISIONS
+from ..choices import PRECISIONS, STAGE_NAMES
 from .common import check_precision
 
 
@@ -59,7 +58,7 @@ def add_parser(sub) -> None:
     p.add_argument("-m", "--model", default="default", help="'default', a GGUF file or a Hugging Face directory")
     p.add_argument("--precision", default="f32", choices=list(PRECISIONS), help="f32 or int8")
     p.add_argument("--march", help="x86-64 level to compile for (default: this CPU's, e.g. x86-64-v4)")
-    p.add_argument("--dump-after", choices=list(STAGES), metavar="STAGE",
-                   help=f"print the graph or loop IR after a stage and stop ({', '.join(STAGES)})")
+    p.add_argument("--dump-after", choices=list(STAGE_NAMES), metavar="STAGE",
+                   help=f"print the graph or loop IR after a stage and stop ({', '.join(STAGE_NAMES)})")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_compile)

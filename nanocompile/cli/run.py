@@ -5,7 +5,7 @@ import signal
 import sys
 
 from ..errors import NanocompileError
-from .common import add_model_flags, add_sampling_flags, open_model_session, sampler_from, set_blas_threads
+from .common import add_model_flags, add_sampling_flags, open_model, report, sampling_from, set_blas_threads
 
 
 def parse_ids(text: str) -> list[int]:
@@ -29,13 +29,9 @@ def read_prompt(args) -> str:
         raise NanocompileError(f"{args.file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-class Interrupted(Exception):
-    """Ctrl-C between two tokens: the step in flight finishes, then generation stops."""
-
-
 class StopOnInterrupt:
-    """While active, SIGINT sets a flag that check() turns into Interrupted at the next token,
-    so a step of the library is never cut in half."""
+    """While active, SIGINT sets a flag that the generation loop reads between prompt chunks and
+    between tokens, so a step of the library is never cut in half."""
 
     def __init__(self):
         self.hit = False
@@ -47,10 +43,8 @@ class StopOnInterrupt:
     def _handle(self, signum, frame):
         self.hit = True
 
-    def check(self) -> None:
-        if self.hit:
-            self.hit = False
-            raise Interrupted()
+    def __call__(self) -> bool:
+        return self.hit
 
     def __exit__(self, *exc):
         signal.signal(signal.SIGINT, self.previous)
@@ -62,63 +56,47 @@ def write_out(text: str) -> None:
     sys.stdout.flush()
 
 
-def report(result, session, sampler) -> None:
-    print(f"prompt: {result.prompt_tokens} tokens, {result.prompt_seconds * 1000:.1f} ms, "
-          f"{result.prompt_tps:.2f} tok/s | generation: {len(result.tokens)} tokens, "
-          f"{result.decode_tps:.2f} tok/s | backend {session.backend_name} | seed {sampler.seed}", file=sys.stderr)
-
-
 def cmd_run(args) -> int:
-    from ..generate_text import GenerationResult, TextStream, generate
-
     set_blas_threads(args.threads)
-    sampler = sampler_from(args)  # bad flags are refused before the model loads
+    sampling = sampling_from(args)  # bad flags are refused before the model loads
     if args.n_predict < -1:
         raise NanocompileError(f"-n must be -1 (until end of text) or >= 0, got {args.n_predict}")
     if args.prompt_ids is None:
         text = read_prompt(args)
-    model, session = open_model_session(args, args.ctx_size)
-    tok = model.tokenizer
+    model = open_model(args, args.ctx_size)
     if args.prompt_ids is not None:
-        prompt_ids = parse_ids(args.prompt_ids)
+        prompt = parse_ids(args.prompt_ids)
     else:
-        if tok is None:
-            raise NanocompileError(f"{model.source} has no tokenizer; use --prompt-ids")
+        if model.tokenizer is None:
+            raise NanocompileError(f"{model.loaded.source} has no tokenizer; use --prompt-ids")
         if args.chat:
             messages = ([{"role": "system", "content": args.system}] if args.system else [])
             messages.append({"role": "user", "content": text})
-            text = tok.render_chat(messages)
-        prompt_ids = tok.encode(text)
-    if not prompt_ids:
+            prompt = model.chat_prompt(messages)
+        else:
+            prompt = model.tokenize(text)
+    if not prompt:
         raise NanocompileError("the prompt is empty")
 
-    stop = set(tok.eos_ids) if tok else set()
-    stream = None if args.ids or tok is None else TextStream(tok, write_out)
-    produced: list[int] = []
-    with StopOnInterrupt() as interrupt:
-        def on_token(token):
-            produced.append(token)
-            if stream is not None and token not in stop:  # like llama-cli: end of text is not printed
-                stream(token)
-            interrupt.check()
-
-        sampler.accept(prompt_ids)
+    show_text = not args.ids and model.tokenizer is not None
+    tokens: list[int] = []
+    with StopOnInterrupt() as interrupted:
         try:
-            result = generate(session, prompt_ids, args.n_predict, stop, on_token, sampler)
-        except Interrupted:
-            result = GenerationResult(prompt_tokens=len(prompt_ids), tokens=produced, stop_reason="interrupted")
-    if args.ids:
-        write_out(" ".join(str(t) for t in result.tokens) + "\n")
-    else:
-        if stream is not None:
-            stream.flush()
-        write_out("\n")
-    if result.stop_reason == "context":
-        print(f"stopped: the context of {session.n_ctx} tokens is full (-c sets its size)", file=sys.stderr)
-    if result.stop_reason == "interrupted":
-        print("stopped: interrupted", file=sys.stderr)
-    report(result, session, sampler)
-    return 130 if result.stop_reason == "interrupted" else 0
+            for chunk in model.create_completion(prompt, max_tokens=args.n_predict, stream=True,
+                                                 should_stop=interrupted, **sampling):
+                tokens += chunk.tokens
+                if show_text and chunk.text:  # like llama-cli: end of text is not printed
+                    write_out(chunk.text)
+        except NanocompileError:  # what was generated before the fault is shown, then the error
+            write_out((" ".join(str(t) for t in tokens) if args.ids else "") + "\n")
+            raise
+    write_out((" ".join(str(t) for t in tokens) if args.ids else "") + "\n")
+    if chunk.stop_reason == "context":
+        print(f"stopped: the context of {model.n_ctx} tokens is full (-c sets its size)", file=sys.stderr)
+    if chunk.stop_reason == "interrupted":
+        print("stopped: interrupted" + ("" if tokens else " while reading the prompt"), file=sys.stderr)
+    report(model)
+    return 130 if chunk.stop_reason == "interrupted" else 0
 
 
 def add_parser(sub) -> None:

@@ -49,6 +49,8 @@ class Qwen2Config:
             value = getattr(self, name)
             if not (_is_number(value) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a finite number above 0, got {value!r}")
+        if self.rope_theta < 1:  # frequencies theta**(-2i/d) would grow with i, and overflow
+            raise ConfigError(f"rope_theta must be at least 1, got {self.rope_theta!r}")
         for name in ("tie_word_embeddings", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")

@@ -17,12 +17,10 @@ from ..ir.graph import Graph, GraphBuilder
 from ..ir.ops import QBLOCK
 from ..signature import VARIANTS, Signature, State, StepInput, StepOutput, StepProgram, WeightSpec, identifier
 from . import nn
+from ..choices import PRECISIONS
 from .config import Qwen2Config, weight_shapes
 
 LOGITS = VARIANTS
-
-
-PRECISIONS = ("f32", "int8")
 
 
 def quantized_weights(cfg: Qwen2Config) -> set[str]:

@@ -133,6 +133,12 @@ class GGUFModel:
             self.fail(f"metadata key {key!r} is {v}, expected a finite number above 0")
         return float(v)
 
+    def rope_base(self, key: str) -> float:
+        theta = self.number(key, 10000.0)
+        if theta < 1:  # frequencies theta**(-2i/d) would grow with i, and overflow
+            self.fail(f"metadata key {key!r} is {theta}, expected a rotary base of at least 1")
+        return theta
+
     def string(self, key: str) -> str | None:
         return self._typed(key, {"STRING"}, "STRING")
 
@@ -179,7 +185,7 @@ class GGUFModel:
                 num_key_value_heads=kv_heads,
                 vocab_size=vocab,
                 head_dim=head_dim,
-                rope_theta=self.number(a + "rope.freq_base", 10000.0),
+                rope_theta=self.rope_base(a + "rope.freq_base"),
                 rms_norm_eps=self.number(a + "attention.layer_norm_rms_epsilon", required=True),
                 tie_word_embeddings=not any(t.name == "output.weight" for t in self.file.tensors),
                 max_position_embeddings=self.integer(a + "context_length", 32768),

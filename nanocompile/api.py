@@ -1,0 +1,493 @@
+"""The Python API: a model with its KV cache, tokenizer and sampler, named after llama-cpp-python's
+`Llama` (create_completion, create_chat_completion, tokenize, detokenize, eval, generate) and
+returning the typed results of nanocompile.results. The command line and the server are built on it.
+
+One Model holds one KV cache and runs one generation at a time. A prompt that begins with tokens
+already in the cache (the previous turn of a chat, the unchanged start of a file) feeds only the
+rest. Starting a generation ends any stream left unfinished; a stream in use by another thread is
+refused.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator, Literal, Mapping, Sequence, overload
+
+import numpy as np
+
+from .checks import check_n_ctx, check_precision, check_tokens
+from .errors import ContextFullError, InputError, NanocompileError, NonFiniteLogitsError
+from .generate_text import GenerationResult, TextStream, stream_tokens
+from .results import (ChatCompletion, ChatCompletionChunk, ChatMessage, Completion, CompletionChunk, Timings,
+                      Usage)
+from .sampling import Sampler, SamplingParams
+from .stops import StopScanner
+
+DEFAULT_CTX = 4096
+# Qwen2.5-Coder's fill-in-the-middle tokens; generation also ends at the ones that close a file
+FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"
+FIM_ENDS = ("<|fim_pad|>", "<|file_sep|>", "<|repo_name|>")
+
+Message = Mapping[str, str] | ChatMessage
+
+
+class Model:
+    """A Qwen2 model ready to generate: Model("default"), a .gguf file or a Hugging Face directory.
+
+    n_ctx: the context in tokens (default 4096, or the model's maximum if smaller); n_threads: the
+    compiled library's threads; precision: "f32" or "int8" (Q8_0-style blocks, see docs/PRIMITIVES.md); backend: "compiled" or
+    "interp" (the NumPy interpreter, the reference); seed: the sampler's seed for calls that give
+    none (-1: a random one, then in .seed); progress: bars on stderr while loading, converting and
+    feeding a long prompt.
+    """
+
+    def __init__(self, model_path: str | Path = "default", *, n_ctx: int | None = None, n_threads: int = 2,
+                 precision: str = "f32", backend: str = "compiled", seed: int = -1, progress: bool = True):
+        from .models import load_model
+        from .session import open_session
+
+        check_precision(precision)
+        if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
+            raise InputError(f"n_threads must be an integer of at least 1, got {n_threads!r}")
+        SamplingParams(seed=seed).check(flag_names=False)  # before the model loads
+        loaded = load_model(model_path, progress=progress)
+        if n_ctx is None:
+            n_ctx = min(DEFAULT_CTX, loaded.config.max_position_embeddings)
+        check_n_ctx(n_ctx, loaded.config, loaded.source)
+        session = open_session(loaded, backend, n_ctx=n_ctx, threads=n_threads, progress=progress,
+                               precision=precision)
+        self._setup(loaded, session, seed, progress, precision, n_threads)
+
+    @classmethod
+    def from_session(cls, loaded, session, *, seed: int = -1, progress: bool = False, precision: str = "f32",
+                     n_threads: int = 1) -> "Model":
+        """A Model on a model already loaded (models.load_model) and a session already open on it
+        (session.open_session, or anything with the same interface): to share one load."""
+        model = cls.__new__(cls)
+        model._setup(loaded, session, seed, progress, precision, n_threads)
+        return model
+
+    def _setup(self, loaded, session, seed: int, progress: bool, precision: str, n_threads: int) -> None:
+        self.loaded, self.session = loaded, session
+        self.progress, self.precision, self.n_threads = progress, precision, n_threads
+        SamplingParams(seed=seed).check(flag_names=False)
+        self.seed = Sampler(SamplingParams(seed=seed)).seed  # -1 becomes a random seed, kept here
+        self._rng = np.random.default_rng(self.seed)
+        self._lock = threading.RLock()  # _take_over closes a stream, which releases the model
+        self._active: _Stream | None = None
+        self.timings: Timings | None = None  # of the last generation
+
+    # what the model is ------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.loaded.name
+
+    @property
+    def config(self):
+        return self.loaded.config
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    @property
+    def backend(self) -> str:
+        return self.session.backend_name
+
+    @property
+    def n_ctx(self) -> int:
+        return self.session.n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens in the KV cache."""
+        return self.session.past
+
+    @property
+    def input_ids(self) -> list[int]:
+        """The tokens in the KV cache, in order."""
+        return list(self.session.tokens)
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """The tokens that end a text or a turn (generation stops at them)."""
+        return list(self.tokenizer.eos_ids) if self.tokenizer else []
+
+    # tokens -----------------------------------------------------------------------------------
+    def tokenize(self, text: str | bytes, special: bool = True) -> list[int]:
+        """Token ids of text. special: control tokens written in it (<|im_start|>) are read as
+        such; otherwise as plain text. Qwen2 adds no BOS token."""
+        if isinstance(text, bytes):
+            try:
+                text = text.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InputError(f"the text is not UTF-8 ({e.reason} at byte {e.start})") from None
+        return self._need_tokenizer().encode(text, special=special)
+
+    def detokenize(self, tokens: Sequence[int], special: bool = True) -> str:
+        """The text of token ids; special: control tokens are written out, else left out."""
+        ids = check_tokens(list(tokens), self.n_vocab) if len(tokens) else np.zeros(0, np.int32)
+        return self._need_tokenizer().decode(ids.tolist(), skip_special=not special)
+
+    def chat_prompt(self, messages: Sequence[Message]) -> list[int]:
+        """The token ids of a conversation in the model's chat template, ending where the
+        assistant's answer begins."""
+        tok = self._need_tokenizer()
+        if not tok.chat_template:
+            raise InputError(f"{self.name} has no chat template; use create_completion")
+        return tok.encode(tok.render_chat(_message_dicts(messages)))
+
+    def fim_prompt(self, prefix: str, suffix: str) -> list[int]:
+        """The token ids that ask the model for the text between prefix and suffix (fill in the
+        middle). The code is tokenized as plain text: control tokens in it are not obeyed."""
+        tok = self._need_tokenizer()
+        ids = [tok.token_id(t) for t in (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE)]
+        if None in ids:
+            raise InputError(f"{self.name} has no fill-in-the-middle tokens ({FIM_PREFIX}, {FIM_SUFFIX}, "
+                             f"{FIM_MIDDLE})")
+        return [ids[0], *tok.encode(prefix, special=False), ids[1], *tok.encode(suffix, special=False), ids[2]]
+
+    def fim_stop_token_ids(self) -> list[int]:
+        """Tokens besides end-of-text that end an infill (a padding or file separator token)."""
+        tok = self._need_tokenizer()
+        return [i for i in (tok.token_id(t) for t in FIM_ENDS) if i is not None]
+
+    # the KV cache and logits ------------------------------------------------------------------
+    def reset(self) -> None:
+        """Empties the KV cache."""
+        self._take_over(None)
+        self.session.reset()
+
+    def eval(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+        """Feeds tokens after those in the KV cache; returns the logits of the last one [n_vocab]
+        (all_logits: of each, [len(tokens), n_vocab]) as the model computed them, unchecked."""
+        self._take_over(None)
+        return np.array(self.session.step(list(tokens), all_logits=all_logits))
+
+    # generation -------------------------------------------------------------------------------
+    def generate(self, tokens: Sequence[int], *, max_tokens: int | None = None, temperature: float = 0.8,
+                 top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
+                 repeat_last_n: int = 64, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                 seed: int | None = None, stop_token_ids: Sequence[int] = (),
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[int]:
+        """Token ids, each as soon as it is chosen, after the prompt tokens: up to max_tokens (None:
+        until end of text or a full context). The end-of-text token (or one of stop_token_ids)
+        that ends it is yielded too. Timings afterwards in .timings."""
+        params = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, frequency_penalty,
+                           presence_penalty, seed)
+        chunks = self._run(list(tokens), max_tokens, params, seed, [], stop_token_ids, should_stop, text=False)
+        return _Stream(self, _token_ids(chunks))
+
+    @overload
+    def create_completion(self, prompt: str | Sequence[int], suffix: str | None = ..., max_tokens: int | None = ...,
+                          temperature: float = ..., top_p: float = ..., top_k: int = ..., min_p: float = ...,
+                          repeat_penalty: float = ..., repeat_last_n: int = ..., frequency_penalty: float = ...,
+                          presence_penalty: float = ..., stop: str | Sequence[str] | None = ...,
+                          stop_token_ids: Sequence[int] = ..., seed: int | None = ...,
+                          stream: Literal[False] = ..., should_stop: Callable[[], bool] | None = ...) -> Completion: ...
+
+    @overload
+    def create_completion(self, prompt: str | Sequence[int], suffix: str | None = ..., max_tokens: int | None = ...,
+                          temperature: float = ..., top_p: float = ..., top_k: int = ..., min_p: float = ...,
+                          repeat_penalty: float = ..., repeat_last_n: int = ..., frequency_penalty: float = ...,
+                          presence_penalty: float = ..., stop: str | Sequence[str] | None = ...,
+                          stop_token_ids: Sequence[int] = ..., seed: int | None = ...,
+                          stream: Literal[True] = ..., should_stop: Callable[[], bool] | None = ...
+                          ) -> Iterator[CompletionChunk]: ...
+
+    def create_completion(self, prompt, suffix=None, max_tokens=16, temperature=0.8, top_p=0.95, top_k=40,
+                          min_p=0.05, repeat_penalty=1.0, repeat_last_n=64, frequency_penalty=0.0,
+                          presence_penalty=0.0, stop=None, stop_token_ids=(), seed=None, stream=False,
+                          should_stop=None):
+        """Continues prompt (text, or token ids); with suffix, fills in the middle between prompt
+        and suffix. max_tokens None: until end of text or a full context. stop: strings that end
+        the text (left out of it). seed: this call's own; None continues the model's generator.
+        should_stop() is asked between prompt chunks and between tokens. stream: an iterator of
+        CompletionChunk, else one Completion."""
+        params = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, frequency_penalty,
+                           presence_penalty, seed)
+        stop_token_ids = list(stop_token_ids)
+        if suffix is not None:
+            if not isinstance(prompt, str):
+                raise InputError("fill in the middle takes the prompt as text")
+            ids = self.fim_prompt(prompt, suffix)
+            stop_token_ids += self.fim_stop_token_ids()
+        elif isinstance(prompt, str):
+            ids = self.tokenize(prompt)
+        else:
+            ids = list(prompt)
+        chunks = self._run(ids, max_tokens, params, seed, _stops(stop), stop_token_ids, should_stop)
+        if stream:
+            return _Stream(self, chunks)
+        return _collect(_Stream(self, chunks))
+
+    __call__ = create_completion
+
+    @overload
+    def create_chat_completion(self, messages: Sequence[Message], max_tokens: int | None = ...,
+                               temperature: float = ..., top_p: float = ..., top_k: int = ..., min_p: float = ...,
+                               repeat_penalty: float = ..., repeat_last_n: int = ..., frequency_penalty: float = ...,
+                               presence_penalty: float = ..., stop: str | Sequence[str] | None = ...,
+                               seed: int | None = ..., stream: Literal[False] = ...,
+                               should_stop: Callable[[], bool] | None = ...) -> ChatCompletion: ...
+
+    @overload
+    def create_chat_completion(self, messages: Sequence[Message], max_tokens: int | None = ...,
+                               temperature: float = ..., top_p: float = ..., top_k: int = ..., min_p: float = ...,
+                               repeat_penalty: float = ..., repeat_last_n: int = ..., frequency_penalty: float = ...,
+                               presence_penalty: float = ..., stop: str | Sequence[str] | None = ...,
+                               seed: int | None = ..., stream: Literal[True] = ...,
+                               should_stop: Callable[[], bool] | None = ...) -> Iterator[ChatCompletionChunk]: ...
+
+    def create_chat_completion(self, messages, max_tokens=None, temperature=0.2, top_p=0.95, top_k=40, min_p=0.05,
+                               repeat_penalty=1.0, repeat_last_n=64, frequency_penalty=0.0, presence_penalty=0.0,
+                               stop=None, seed=None, stream=False, should_stop=None):
+        """The assistant's answer to messages ([{"role": "user", "content": "..."}, ...]) in the
+        model's chat template. The defaults are llama-cpp-python's; the rest as create_completion.
+        The KV cache keeps the conversation: the next turn feeds only what is new."""
+        params = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, frequency_penalty,
+                           presence_penalty, seed)
+        chunks = self._run(self.chat_prompt(messages), max_tokens, params, seed, _stops(stop), (), should_stop)
+        answer = _as_chat(chunks)
+        if stream:
+            return _Stream(self, answer)
+        return _collect_chat(_Stream(self, answer))
+
+    # the loop ---------------------------------------------------------------------------------
+    def _run(self, prompt_ids: list[int], max_tokens: int | None, params: SamplingParams, seed: int | None,
+             stops: list[str], stop_token_ids: Sequence[int], should_stop, text: bool = True
+             ) -> Iterator[CompletionChunk]:
+        """Checks what it is given now, and returns the generation (which touches the KV cache
+        only when it is first iterated)."""
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, type(None))):
+            raise InputError(f"max_tokens must be an integer or None, got {max_tokens!r}")
+        if not prompt_ids:
+            raise InputError("the prompt is empty")
+        ids = check_tokens(prompt_ids, self.n_vocab).tolist()
+        if len(ids) > self.n_ctx:
+            raise ContextFullError(f"the prompt has {len(ids)} tokens, more than the context of {self.n_ctx}")
+        stop_ids = set(self.eos_token_ids) | {int(t) for t in stop_token_ids}
+        return self._chunks(ids, -1 if max_tokens is None else max_tokens, params, seed, stops, stop_ids, should_stop,
+                            self.tokenizer if text else None)
+
+    def _chunks(self, ids: list[int], max_tokens: int, params: SamplingParams, seed: int | None, stops: list[str],
+                stop_ids: set[int], should_stop, tok) -> Iterator[CompletionChunk]:
+        """One CompletionChunk per token chosen (its text may be empty while a character or a
+        possible stop sequence is incomplete), then a last one with the rest of the text, why it
+        stopped, usage and timings."""
+        sampler = Sampler(params, rng=None if seed is not None else self._rng)
+        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def chunk(text: str, tokens: list[int], **end) -> CompletionChunk:
+            return CompletionChunk(cid, created, self.name, text, tokens, **end)
+
+        # the longest start the cache already holds; at least one token is fed for its logits
+        keep = min(_common_prefix(self.session.tokens, ids), len(ids) - 1)
+        self.session.truncate(keep)
+        sampler.accept(ids)
+        result = GenerationResult(prompt_tokens=len(ids) - keep)
+        bar = _PromptBar(len(ids) - keep, getattr(self.session, "max_chunk", 0), self.progress)
+        pieces: list[str] = []
+        decoder = TextStream(tok, pieces.append) if tok else None
+        scanner = StopScanner(stops)
+        tokens = stream_tokens(self.session, ids[keep:], max_tokens, stop_ids, sampler, result, should_stop,
+                               bar.update)
+        try:
+            for token in tokens:
+                bar.close()
+                if decoder and token not in stop_ids:
+                    decoder(token)
+                out = scanner.push("".join(pieces))
+                pieces.clear()
+                yield chunk(out, [token])
+                if scanner.hit:
+                    result.stop_reason = "stop"
+                    break
+        except NonFiniteLogitsError as e:  # weights or a configuration out of float32's range
+            raise NonFiniteLogitsError(f"{e} (model {self.loaded.source})") from None
+        finally:
+            tokens.close()
+            bar.close()
+            self.timings = Timings(result.prompt_tokens, keep, result.prompt_seconds, len(result.tokens),
+                                   result.decode_seconds)
+        if decoder:
+            decoder.flush()
+        usage = Usage(len(ids), len(result.tokens), len(ids) + len(result.tokens))
+        yield chunk(scanner.push("".join(pieces)) + scanner.flush(), [], stop_reason=result.stop_reason,
+                    usage=usage, timings=self.timings)
+
+    def _take_over(self, stream: "_Stream | None") -> None:
+        """Makes stream the model's one generation, ending any other that is unfinished."""
+        with self._lock:
+            active = self._active
+            if active is not None and active is not stream:
+                try:
+                    active.close()
+                except ValueError:  # a generator running in another thread cannot be closed
+                    raise NanocompileError("this model is generating in another thread; it runs one generation "
+                                           "at a time (nanocompile serve queues requests)") from None
+            self._active = stream
+
+    def _release(self, stream: "_Stream") -> None:
+        with self._lock:
+            if self._active is stream:
+                self._active = None
+
+    def _need_tokenizer(self):
+        if self.tokenizer is None:
+            raise InputError(f"{self.name} has no tokenizer; give token ids")
+        return self.tokenizer
+
+    def close(self) -> None:
+        """Frees the compiled library's memory now rather than when the Model is collected."""
+        self._take_over(None)
+        if hasattr(self.session, "close"):
+            self.session.close()
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Model({self.name!r}, n_ctx={self.n_ctx}, backend={self.backend!r}, precision={self.precision!r}, "
+                f"n_tokens={self.n_tokens})")
+
+
+def load(model_path: str | Path = "default", **kwargs) -> Model:
+    """Model(model_path, **kwargs): the default model, a .gguf file or a Hugging Face directory."""
+    return Model(model_path, **kwargs)
+
+
+class _Stream(Iterator):
+    """An iterator over a generation that owns the model while it runs: its first step ends any
+    other unfinished generation on the model, and closing it (or reaching its end) frees it."""
+
+    def __init__(self, model: Model, inner: Iterator):
+        self.model, self.inner, self.started = model, inner, False
+
+    def __iter__(self) -> "_Stream":
+        return self
+
+    def __next__(self):
+        if not self.started:
+            self.model._take_over(self)
+            self.started = True
+        try:
+            return next(self.inner)
+        except BaseException:
+            self.model._release(self)
+            raise
+
+    def close(self) -> None:
+        self.inner.close()  # ValueError if it is running in another thread: then it keeps the model
+        self.model._release(self)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class _PromptBar:
+    """A progress bar on stderr for a prompt of several chunks that takes more than a second."""
+
+    def __init__(self, total: int, chunk: int, enabled: bool):
+        self.bar = None
+        if enabled and chunk and total > chunk:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, desc="prompt", unit="tok", delay=1.0, leave=False, file=sys.stderr)
+
+    def update(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, frequency_penalty, presence_penalty,
+              seed) -> SamplingParams:
+    values = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+                  repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                  seed=-1 if seed is None else seed)
+    for name, value in values.items():
+        kind = int if name in ("top_k", "repeat_last_n", "seed") else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise InputError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+    return SamplingParams(**values).check(flag_names=False)
+
+
+def _stops(stop: str | Sequence[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    if not all(isinstance(s, str) for s in stops):
+        raise InputError(f"stop must be a string or a list of strings, got {stop!r}")
+    return stops
+
+
+def _message_dicts(messages: Sequence[Message]) -> list[dict]:
+    out = []
+    for i, m in enumerate(messages):
+        if isinstance(m, ChatMessage):
+            m = {"role": m.role, "content": m.content}
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise InputError(f"message {i} must have a role and a content, both strings; got {m!r}")
+        out.append(dict(m))
+    if not out:
+        raise InputError("the conversation has no messages")
+    return out
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if differ.size else n
+
+
+def _token_ids(chunks: Iterator[CompletionChunk]) -> Iterator[int]:
+    try:
+        for c in chunks:
+            yield from c.tokens
+    finally:
+        chunks.close()
+
+
+def _as_chat(chunks: Iterator[CompletionChunk]) -> Iterator[ChatCompletionChunk]:
+    try:
+        for c in chunks:
+            yield ChatCompletionChunk(c.id.replace("cmpl-", "chatcmpl-", 1), c.created, c.model, c.text, c.tokens,
+                                      c.stop_reason, c.usage, c.timings)
+    finally:
+        chunks.close()
+
+
+def _collect(chunks: Iterator[CompletionChunk]) -> Completion:
+    text, tokens = [], []
+    for c in chunks:
+        text.append(c.text)
+        tokens += c.tokens
+    return Completion(c.id, c.created, c.model, "".join(text), tokens, c.stop_reason, c.usage, c.timings)
+
+
+def _collect_chat(chunks: Iterator[ChatCompletionChunk]) -> ChatCompletion:
+    text, tokens = [], []
+    for c in chunks:
+        text.append(c.content)
+        tokens += c.tokens
+    return ChatCompletion(c.id, c.created, c.model, ChatMessage("assistant", "".join(text)), tokens, c.stop_reason,
+                          c.usage, c.timings)

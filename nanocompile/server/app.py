@@ -1,0 +1,271 @@
+"""The HTTP application: OpenAI's /v1/chat/completions, /v1/completions (with fill in the middle),
+/v1/models, and /health, on FastAPI.
+
+Every request is checked and tokenized on arrival (off the event loop), then queued for the one
+generation worker (engine.Engine); a full queue is a 503, a prompt longer than the context a 400.
+A client that disconnects, streaming or not, waiting or being answered, cancels its request at
+once. Errors are OpenAI's JSON: {"error": {"message", "type", "param", "code"}}.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Callable
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..api import Model
+from ..errors import ContextFullError, InputError, ModelError, NanocompileError
+from ..sampling import SamplingParams
+from ..checks import check_tokens
+from . import openai_format as fmt
+from .engine import Engine, Job, QueueFull, ShuttingDown
+from .schemas import ChatRequest, CompletionRequest, Sampling
+
+MAX_BODY = 8 << 20
+
+
+def error_response(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                   code: str | None = None, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                        status_code=status, headers=headers)
+
+
+class FrontDoor:
+    """Before a body is read: 401 for /v1/ requests without `Authorization: Bearer KEY` (when a
+    key is set; /health stays open, for load balancers), and 413 for a body above the limit,
+    declared (Content-Length) or counted as it arrives (chunked)."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body: int):
+        self.app, self.key, self.max_body = app, api_key.encode() if api_key else None, max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        response = None
+        if self.key is not None and scope["path"].startswith("/v1/"):
+            scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+                response = error_response(401, "invalid or missing API key: send the header Authorization: Bearer KEY",
+                                          "authentication_error", code="invalid_api_key",
+                                          headers={"WWW-Authenticate": "Bearer"})
+        length = headers.get(b"content-length", b"")
+        if response is None and length.isdigit() and int(length) > self.max_body:
+            response = error_response(413, self.too_large(f"has {int(length)} bytes"))
+        if response is not None:
+            return await response(scope, receive, send)
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_body:  # FastAPI turns this into the handler's JSON 413
+                raise HTTPException(413, self.too_large(f"has more than {self.max_body} bytes"))
+            return message
+
+        await self.app(scope, counted, send)
+
+    def too_large(self, what: str) -> str:
+        return f"the request body {what}: the limit is {self.max_body} bytes (nanocompile serve --max-body sets it)"
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events that stop as soon as the client disconnects (whatever ASGI version the
+    server speaks): the body's iterator is cancelled, and its cleanup cancels the job."""
+    media_type = "text/event-stream"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with anyio.create_task_group() as tasks:
+            async def stream() -> None:
+                await self.stream_response(send)
+                tasks.cancel_scope.cancel()
+
+            tasks.start_soon(stream)
+            await self.listen_for_disconnect(receive)
+            tasks.cancel_scope.cancel()
+
+
+def create_app(model: Model, *, model_id: str | None = None, api_key: str | None = None, max_queue: int = 32,
+               max_body: int = MAX_BODY, defaults: dict | None = None) -> FastAPI:
+    """The server's application for one model. defaults: sampling keyword arguments of
+    Model.create_completion for requests that leave them out (the serve command's flags)."""
+    model_id = model_id or model.name
+    defaults = dict(defaults or {})
+    engine = Engine(max_queue)
+    started = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        engine.close()
+
+    app = FastAPI(title="nanocompile", lifespan=lifespan, strict_content_type=False, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.engine = engine
+    app.add_middleware(FrontDoor, api_key=api_key, max_body=max_body)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _describe(exc.errors())
+        return error_response(400, message, param=param)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        messages = {404: f"no such endpoint: {request.method} {request.url.path}",
+                    405: f"{request.method} is not allowed on {request.url.path}"}
+        return error_response(exc.status_code, messages.get(exc.status_code, str(exc.detail)),
+                              "invalid_request_error" if exc.status_code < 500 else "server_error",
+                              headers=getattr(exc, "headers", None))
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": model_id, "n_ctx": model.n_ctx, **engine.state()}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": started,
+                                             "owned_by": "nanocompile", "meta": {"n_ctx": model.n_ctx,
+                                                                                 "n_vocab": model.n_vocab}}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        def prompt_ids() -> tuple[list[int], list[int]]:
+            prompt = body.prompt_value()
+            if body.suffix is not None:
+                return model.fim_prompt(prompt, body.suffix), model.fim_stop_token_ids()
+            return (model.tokenize(prompt) if isinstance(prompt, str) else prompt), []
+
+        return await answer(request, body, prompt_ids, body.max_tokens, fmt.completion_body,
+                            lambda c, first, usage: fmt.completion_events(c, usage))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request) -> Response:
+        def prompt_ids() -> tuple[list[int], list[int]]:
+            return model.chat_prompt([m.as_dict() for m in body.messages]), []
+
+        return await answer(request, body, prompt_ids, body.token_limit(), fmt.chat_body, fmt.chat_events)
+
+    async def answer(request: Request, body: Sampling, prompt_ids: Callable, max_tokens: int | None,
+                     whole: Callable, events: Callable) -> Response:
+        """Checks, tokenizes and queues a request; answers with one JSON body or a stream."""
+        if (problem := body.unsupported()) is not None:
+            return error_response(400, problem)
+        try:
+            kwargs = sampling_kwargs(body)
+            ids, stop_token_ids = await run_in_threadpool(prompt_ids)  # tokenizing is not for the event loop
+            if not ids:
+                raise InputError("the prompt is empty")
+            if len(ids) > model.n_ctx:
+                raise ContextFullError(f"the prompt has {len(ids)} tokens, more than the context of {model.n_ctx} "
+                                       f"tokens (nanocompile serve -c sets it)")
+            check_tokens(ids, model.n_vocab)
+            # a request for more tokens than the context has room for stops when it is full ("length")
+        except (InputError, ModelError) as e:
+            return error_response(400, str(e), code="context_length_exceeded" if isinstance(e, ContextFullError)
+                                  else None)
+
+        def work(should_stop):
+            result = model.create_completion(ids, max_tokens=max_tokens, stop_token_ids=stop_token_ids,
+                                             stream=body.stream, should_stop=should_stop, **kwargs)
+            return result if body.stream else [result]
+
+        try:
+            job = engine.submit(work)
+        except QueueFull:
+            return error_response(503, f"the server is busy: {engine.max_queue} requests are already waiting",
+                                  "server_error", code="queue_full", headers={"Retry-After": "1"})
+        except ShuttingDown:
+            return error_response(503, "the server is shutting down", "server_error")
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        if body.stream:
+            return EventStream(sse(job, events, include_usage))
+        return await whole_answer(job, request, whole)
+
+    async def whole_answer(job: Job, request: Request, whole: Callable) -> Response:
+        result = asyncio.ensure_future(_first(job))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not result.done():  # the client left (or the server stops): the request ends now
+                engine.cancel(job)
+                result.cancel()
+        if not result.done() or result.cancelled():
+            return Response(status_code=499)  # nobody is listening
+        try:
+            return JSONResponse(whole(result.result()))
+        except ShuttingDown:
+            return error_response(503, "the server is shutting down", "server_error")
+        except NanocompileError as e:
+            return error_response(500, str(e), "server_error")
+
+    async def sse(job: Job, events: Callable, include_usage: bool) -> AsyncIterator[str]:
+        first = True
+        try:
+            async for chunk in job:
+                for event in events(chunk, first, include_usage):
+                    yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+                first = False
+            yield "data: [DONE]\n\n"
+        except ShuttingDown:
+            yield _error_event("the server is shutting down")
+        except NanocompileError as e:
+            yield _error_event(str(e))
+        finally:
+            engine.cancel(job)  # the client disconnected, or the job is over (then nothing happens)
+
+    def sampling_kwargs(body: Sampling) -> dict:
+        given = {k: getattr(body, k) for k in ("temperature", "top_p", "top_k", "min_p", "repeat_penalty",
+                                               "frequency_penalty", "presence_penalty", "seed")}
+        kwargs = {**defaults, **{k: v for k, v in given.items() if v is not None}}
+        SamplingParams(**{**kwargs, "seed": kwargs.get("seed", -1)}).check(flag_names=False)
+        return {**kwargs, "stop": body.stop}
+
+    return app
+
+
+async def _first(job: Job):
+    async for item in job:
+        return item
+    raise ShuttingDown()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client goes away (the body has been read: the next message says so)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _error_event(message: str) -> str:
+    return f"data: {json.dumps({'error': {'message': message, 'type': 'server_error'}})}\n\n"
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _describe(errors: list[dict]) -> tuple[str, str | None]:
+    """A validation error as one line: the field and what is wrong with it."""
+    e = errors[0]
+    loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+    if e.get("type") == "json_invalid":
+        return f"the body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}", None
+    if not loc and e.get("type") in ("missing", "model_attributes_type", "dict_type", "model_type"):
+        return "the body must be a JSON object, sent with Content-Type: application/json", None
+    # pydantic names the member of a union it tried (prompt.str): the field is what the client knows
+    loc = [p for p in loc if p.isdigit() or (p.isidentifier() and not p[0].isupper() and p not in _TYPE_TAGS)]
+    field = ".".join(loc) if loc else "body"
+    got = e.get("input")
+    shown = json.dumps(got)[:60] if isinstance(got, (str, int, float, bool, type(None))) else type(got).__name__
+    return f"{field}: {e.get('msg', 'invalid')} (got {shown})", (loc[0] if loc else None)

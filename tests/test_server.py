@@ -1,0 +1,344 @@
+"""`nanocompile serve` with real clients over the loopback: the `openai` package against the real
+model (a `nanocompile serve` process), and plain HTTP (httpx, raw sockets) against a tiny model
+served in this process, for bad requests, the queue, disconnects and faults."""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from session_wrappers import FaultySession, SlowSession
+
+from nanocompile import Model
+from nanocompile.server import create_app
+from nanocompile.session import InterpreterSession
+
+NC = [sys.executable, "-m", "nanocompile"]
+KEY = "sk-test-key"
+GREEDY = {"temperature": 0}
+
+
+# a real `nanocompile serve` on the default model ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def real_server(real_model):
+    p = subprocess.Popen([*NC, "serve", "-q", "--port", "0", "--api-key", KEY, "-c", "2048"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines = []
+    threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True).start()  # drain its log
+    end = time.time() + 300
+    while not any("serving" in line for line in lines):
+        assert p.poll() is None and time.time() < end, "".join(lines)
+        time.sleep(0.1)
+    port = re.search(r"http://127\.0\.0\.1:(\d+)/v1", "".join(lines)).group(1)
+    yield f"http://127.0.0.1:{port}"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(60) == 0 and "the server stopped" in "".join(lines), "".join(lines)
+
+
+@pytest.fixture(scope="module")
+def reference(real_model, real_compiled):
+    """The Python API on the same model: what the server must answer."""
+    return Model.from_session(real_model, real_compiled)
+
+
+def client(base: str, key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=300)
+
+
+def test_openai_chat_blocking_and_streaming(real_server, reference):
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    want = reference.create_chat_completion(messages, max_tokens=12, **GREEDY)
+    c = client(real_server)
+    got = c.chat.completions.create(model="any-name", messages=messages, max_tokens=12, **GREEDY)
+    assert got.choices[0].message.content == want.message.content and "Paris" in want.message.content
+    assert got.choices[0].finish_reason == want.finish_reason and got.choices[0].message.role == "assistant"
+    assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (want.usage.prompt_tokens,
+                                                                      want.usage.completion_tokens)
+    assert got.model == reference.name and got.id.startswith("chatcmpl-")
+    chunks = list(c.chat.completions.create(model="any-name", messages=messages, max_tokens=12, stream=True,
+                                            stream_options={"include_usage": True}, **GREEDY))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == want.message.content
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == want.finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == want.usage.total_tokens
+    assert len({ch.id for ch in chunks}) == 1
+
+
+def test_openai_completions_and_fill_in_the_middle(real_server, reference):
+    c = client(real_server)
+    want = reference.create_completion("def fibonacci(n):", max_tokens=10, **GREEDY)
+    got = c.completions.create(model="x", prompt="def fibonacci(n):", max_tokens=10, **GREEDY)
+    assert got.choices[0].text == want.text and got.usage.prompt_tokens == want.usage.prompt_tokens
+    streamed = list(c.completions.create(model="x", prompt="def fibonacci(n):", max_tokens=10, stream=True,
+                                         **GREEDY))
+    assert "".join(ch.choices[0].text for ch in streamed) == want.text
+    assert streamed[-1].choices[0].finish_reason == "length"
+    # fill in the middle, as editor plugins ask for it: the suffix field
+    prefix, suffix = "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"
+    middle = reference.create_completion(prefix, suffix=suffix, max_tokens=6, **GREEDY)
+    got = c.completions.create(model="x", prompt=prefix, suffix=suffix, max_tokens=6, **GREEDY)
+    assert got.choices[0].text == middle.text and middle.text.startswith("return a + b")
+    assert got.usage.prompt_tokens == len(reference.fim_prompt(prefix, suffix))
+
+
+def test_stop_sequences_seed_and_models(real_server):
+    c = client(real_server)
+    sampled = dict(model="x", prompt="import", max_tokens=8, temperature=1.0, top_p=1.0)
+    a, b = (c.completions.create(seed=11, **sampled).choices[0].text for _ in range(2))
+    assert a == b
+    stopped = c.completions.create(model="x", prompt="def f(x):\n    return x\n\n\ndef g(y):", max_tokens=30,
+                                   stop=["\n"], **GREEDY)
+    assert "\n" not in stopped.choices[0].text and stopped.choices[0].finish_reason == "stop"
+    assert [m.id for m in c.models.list().data] == ["qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"]
+
+
+def test_api_key_and_health(real_server):
+    with pytest.raises(openai.AuthenticationError):
+        client(real_server, key="wrong").models.list()
+    r = httpx.post(real_server + "/v1/completions", json={"prompt": "x"})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert r.headers["www-authenticate"] == "Bearer"
+    health = httpx.get(real_server + "/health").json()  # open: load balancers probe it without a key
+    assert health["status"] == "ok" and health["n_ctx"] == 2048
+
+
+def test_a_prompt_longer_than_the_context_is_a_400_with_the_reason(real_server):
+    with pytest.raises(openai.BadRequestError, match="the prompt has 2100 tokens, more than the context of 2048"):
+        client(real_server).completions.create(model="x", prompt="7" * 2100, max_tokens=1)
+
+
+def test_a_client_that_disconnects_mid_stream_frees_the_server(real_server):
+    before = httpx.get(real_server + "/health").json()
+    body = {"prompt": "Count from 1 to 1000:", "max_tokens": 1000, "stream": True, **GREEDY}
+    with httpx.stream("POST", real_server + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                      timeout=120) as r:
+        events = 0
+        for line in r.iter_lines():
+            events += line.startswith("data: ")
+            if events == 3:
+                break  # leaving the block closes the connection mid-stream
+    end = time.time() + 120
+    while (health := httpx.get(real_server + "/health").json())["busy"]:
+        assert time.time() < end
+        time.sleep(0.2)
+    assert health["requests"]["cancelled"] == before["requests"]["cancelled"] + 1
+    assert health["tokens_generated"] - before["tokens_generated"] < 100  # of the 1000 asked for
+    assert client(real_server).completions.create(model="x", prompt="1, 2,", max_tokens=2).choices[0].text
+
+
+# a tiny model served in this process ----------------------------------------------------------------
+
+class LiveServer:
+    """uvicorn serving an app on a free loopback port, in a thread of this process."""
+
+    def __init__(self, app):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        end = time.time() + 30
+        while not self.server.started:
+            assert time.time() < end and self.thread.is_alive()
+            time.sleep(0.02)
+
+    def health(self) -> dict:
+        return httpx.get(self.url + "/health").json()
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture()
+def serve_tiny(tiny_chat_model):
+    """serve_tiny(wrap=..., **create_app options) -> a LiveServer of the tiny model (interpreter)."""
+    servers = []
+
+    def start(wrap=None, **options):
+        session = InterpreterSession(tiny_chat_model.config, tiny_chat_model.weights, n_ctx=256)
+        model = Model.from_session(tiny_chat_model, wrap(session) if wrap else session)
+        servers.append(LiveServer(create_app(model, **options)))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.stop()
+
+
+def post(server, path, body, **kw):
+    if isinstance(body, (bytes, str)):
+        return httpx.post(server.url + path, content=body, headers={"Content-Type": "application/json"}, **kw)
+    return httpx.post(server.url + path, json=body, **kw)
+
+
+@pytest.mark.parametrize("path, body, message", [
+    ("/v1/completions", b'{"prompt": "x", ', "the body is not valid JSON"),
+    ("/v1/completions", b"", "the body must be a JSON object"),
+    ("/v1/completions", b"[1, 2]", "the body must be a JSON object"),
+    ("/v1/completions", {"prompt": 5}, "prompt: Input should be a valid string (got 5)"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": "many"},
+     'max_tokens: Input should be a valid integer (got "many")'),
+    ("/v1/completions", {"prompt": "x", "max_tokens": -1}, "max_tokens: Input should be greater than or equal to 0"),
+    ("/v1/completions", {"prompt": "x", "temperature": 3}, "temperature: Input should be less than or equal to 2"),
+    ("/v1/completions", {"prompt": "x", "top_k": 1.5}, "top_k: Input should be a valid integer"),
+    ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream: Input should be a valid boolean"),
+    ("/v1/completions", {"prompt": "x", "n": 3}, "n: Input should be less than or equal to 1"),
+    ("/v1/completions", {"prompt": "x", "echo": True}, "echo is not supported"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
+    ("/v1/completions", {"prompt": [1, 999]}, "token id 999 at position 1 is outside the vocabulary"),
+    ("/v1/completions", {"prompt": "x", "suffix": "y"}, "has no fill-in-the-middle tokens"),
+    ("/v1/completions", {"prompt": "a" * 300}, "the prompt has 300 tokens, more than the context of 256"),
+    ("/v1/chat/completions", {"messages": []}, "messages: List should have at least 1 item"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role: Input should be"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages.0.content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+     "tools are not supported"),
+])
+def test_bad_requests_get_a_400_naming_the_fault(serve_tiny, path, body, message):
+    server = serve_tiny()
+    r = post(server, path, body)
+    error = r.json()["error"]
+    assert r.status_code == 400 and message in error["message"] and error["type"] == "invalid_request_error", error
+    assert server.health()["requests"]["done"] == 0  # nothing was queued
+
+
+def test_unknown_fields_are_ignored_and_known_ones_still_apply(serve_tiny):
+    server = serve_tiny()
+    plain = post(server, "/v1/completions", {"prompt": "hello", "max_tokens": 5, **GREEDY}).json()
+    extra = post(server, "/v1/completions", {"prompt": "hello", "max_tokens": 5, **GREEDY, "cache_prompt": True,
+                                             "keep_alive": "5m", "options": {"num_ctx": 4096}}).json()
+    assert extra["choices"][0]["text"] == plain["choices"][0]["text"]
+    assert extra["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"] == 5
+
+
+def test_huge_bodies_are_refused_before_they_are_read(serve_tiny):
+    server = serve_tiny(max_body=1 << 20)
+    big = json.dumps({"prompt": "x" * (2 << 20)})
+    r = post(server, "/v1/completions", big)
+    assert r.status_code == 413 and r.json()["error"]["message"].startswith(
+        f"the request body has {len(big)} bytes: the limit is 1048576 bytes")
+
+    def chunked():  # no Content-Length: counted as it arrives
+        for _ in range(3):
+            yield b"x" * (1 << 19)
+
+    r = httpx.post(server.url + "/v1/completions", content=chunked(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and "has more than 1048576 bytes: the limit is" in r.json()["error"]["message"]
+    assert server.health()["status"] == "ok"
+
+
+def stream_open(server, body):
+    """A streaming request whose response has begun; returns (context manager, line iterator)."""
+    cm = httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=60)
+    response = cm.__enter__()
+    assert response.status_code == 200
+    return cm, response.iter_lines()
+
+
+def wait_for(server, condition, timeout=30.0) -> dict:
+    end = time.time() + timeout
+    while not condition(health := server.health()):
+        assert time.time() < end, health
+        time.sleep(0.05)
+    return health
+
+
+def test_a_full_queue_answers_503_and_a_client_that_leaves_frees_its_place_at_once(serve_tiny):
+    server = serve_tiny(wrap=lambda s: SlowSession(s, 0.05), max_queue=1)
+    long = {"prompt": "hello", "max_tokens": 200, **GREEDY}  # 200 steps of at least 50 ms: 10 s or more
+    a, a_lines = stream_open(server, long)
+    next(line for line in a_lines if line.startswith("data: "))  # A is being answered
+    b, _ = stream_open(server, long)  # B waits
+    wait_for(server, lambda h: h["queued"] == 1)
+    full = post(server, "/v1/completions", long)
+    assert full.status_code == 503 and full.headers["retry-after"] == "1"
+    assert full.json()["error"]["code"] == "queue_full"
+    b.__exit__(None, None, None)  # B hangs up while it waits: its place is free while A still runs
+    health = wait_for(server, lambda h: h["queued"] == 0)
+    assert health["busy"] and health["requests"]["cancelled"] == 1
+    d, d_lines = stream_open(server, {"prompt": "hi", "max_tokens": 3, **GREEDY})
+    a.__exit__(None, None, None)  # A hangs up: generation stops at its next token, D runs
+    lines = [line for line in d_lines if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
+    d.__exit__(None, None, None)
+    health = wait_for(server, lambda h: not h["busy"])
+    assert health["requests"] == {"done": 1, "cancelled": 2, "failed": 0, "rejected": 1}
+    assert health["tokens_generated"] < 200 + 3  # A did not run to its end
+
+
+def test_abrupt_disconnects_of_any_kind_leave_the_server_working(serve_tiny):
+    server = serve_tiny(wrap=lambda s: SlowSession(s, 0.05))
+    host, port = server.url[len("http://"):].split(":")
+    body = json.dumps({"prompt": "hello", "max_tokens": 200, **GREEDY}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    for sent in (head[:10], head, head + body[:5]):  # mid-headers, before the body, mid-body
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(sent)
+    with socket.create_connection((host, int(port))) as s:  # a whole non-streaming request, then gone
+        s.sendall(head + body)
+        wait_for(server, lambda h: h["busy"])
+    health = wait_for(server, lambda h: not h["busy"])
+    assert health["requests"]["cancelled"] == 1 and health["tokens_generated"] < 200
+    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2
+
+
+def test_non_finite_logits_are_a_500_naming_the_step_and_the_server_goes_on(serve_tiny):
+    server = serve_tiny(wrap=lambda s: FaultySession(s, at=3))
+    r = post(server, "/v1/completions", {"prompt": "hello", "max_tokens": 10, **GREEDY})
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert "the logits of step 3 (after generated token 2) are not finite" in r.json()["error"]["message"]
+    assert post(server, "/v1/completions", {"prompt": "hello", "max_tokens": 10, **GREEDY}).status_code == 200
+    server = serve_tiny(wrap=lambda s: FaultySession(s, at=3))
+    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=60,
+                      json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "stream": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert "step 3" in events[-1]["error"]["message"]  # and no [DONE]
+    assert all("choices" in e for e in events[:-1]) and server.health()["requests"]["failed"] == 1
+
+
+def test_concurrent_clients_are_all_answered_once_in_turn(serve_tiny, tiny_chat_model):
+    server = serve_tiny(max_queue=16)
+    prompts = [f"prompt number {i}" for i in range(8)]
+    results = {}
+
+    def ask(p):
+        results[p] = post(server, "/v1/completions", {"prompt": p, "max_tokens": 6, **GREEDY}, timeout=60)
+
+    threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(r.status_code == 200 for r in results.values())
+    assert len({r.json()["id"] for r in results.values()}) == len(prompts)
+    reference = Model.from_session(tiny_chat_model, InterpreterSession(tiny_chat_model.config,
+                                                                       tiny_chat_model.weights, n_ctx=256))
+    for p, r in results.items():
+        reference.reset()
+        assert r.json()["choices"][0]["text"] == reference.create_completion(p, max_tokens=6, **GREEDY).text
+    assert server.health()["requests"]["done"] == len(prompts)
+
+
+def test_serve_refuses_a_port_in_use_before_loading_the_model():
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        r = subprocess.run([*NC, "serve", "-m", "/nonexistent.gguf", "--port", str(port)], capture_output=True,
+                           text=True, timeout=60)
+    assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([*NC, "serve", "--queue", "-1"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ})
+    assert r.returncode == 1 and "--queue must be >= 0" in r.stderr
