@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from ..errors import NanocompileError
 
@@ -15,6 +16,22 @@ def positive_threads(value: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"threads must be at least 1, got {n}")
     return n
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def warn_if_oversubscribed(threads: int) -> None:
+    """More threads than cores is allowed (the pool keeps going); say that they will share."""
+    cores = usable_cores()
+    if threads > cores:
+        print(f"warning: -t {threads} is more threads than the {cores} cores this process can use; "
+              f"they will take turns on them", file=sys.stderr)
 
 
 def int_list(value: str) -> list[int]:
@@ -74,9 +91,10 @@ def open_model_session(args, n_ctx: int | None):
     from ..session import open_session
 
     check_precision(args.precision)
+    threads = getattr(args, "threads", 2)
+    warn_if_oversubscribed(threads)
     model = load_model(args.model, progress=not args.quiet)
     if n_ctx is None:
         n_ctx = min(4096, model.config.max_position_embeddings)
-    threads = getattr(args, "threads", 2)
     session = open_session(model, args.backend, n_ctx=n_ctx, threads=threads, progress=not args.quiet)
     return model, session

@@ -1,0 +1,109 @@
+/* Stress test of runtime/nc_pool.c, built by tests/test_pool.py (also with ThreadSanitizer and
+ * AddressSanitizer/UndefinedBehaviorSanitizer).
+ *
+ *   pool_stress THREADS PASSES
+ *
+ * Each pass runs calls whose chunk counts vary (1 to 40, and more than the pool's threads); a
+ * chunk writes its own cell with plain stores, after reading every cell of the call before, so a
+ * chunk run twice, a chunk skipped, or a call started before the one before it finished, shows
+ * as a wrong count here or as a data race under ThreadSanitizer. begin() must see the calls in
+ * order, once each, and the end mark last. Some chunks sleep, so that threads fall behind and
+ * skip calls. Exit status 0 and "ok" on success. */
+#define _DEFAULT_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "nc_pool.h"
+
+#define MAX_CALLS 64
+#define MAX_CHUNKS 40
+
+struct pass {
+    int n_calls;
+    int chunks[MAX_CALLS];
+    int runs[MAX_CALLS][MAX_CHUNKS];   /* plain ints: written by one chunk each */
+    int begun[MAX_CALLS + 1];
+    int next_begin;
+    int errors;                        /* written only by begin(), which runs one call at a time */
+    unsigned seed;
+};
+
+static int begin(void *ctx, int call)
+{
+    struct pass *a = ctx;
+    if (call != a->next_begin++)
+        a->errors++;
+    a->begun[call]++;
+    /* every chunk of the call before has run exactly once by now */
+    if (call > 0)
+        for (int c = 0; c < a->chunks[call - 1]; ++c)
+            a->errors += a->runs[call - 1][c] != 1;
+    return call < a->n_calls ? a->chunks[call] : 0;
+}
+
+static void run(void *ctx, int call, int chunk, int n_chunks)
+{
+    struct pass *a = ctx;
+    if (n_chunks != a->chunks[call] || chunk < 0 || chunk >= n_chunks)
+        abort();
+    if (call > 0) /* reads the call before: a race if it had not finished */
+        for (int c = 0; c < a->chunks[call - 1]; ++c)
+            if (a->runs[call - 1][c] != 1)
+                abort();
+    a->runs[call][chunk] += 1;
+    if ((call * 7 + chunk * 13 + (int)a->seed) % 29 == 0) {
+        struct timespec t = {0, 20000}; /* 20 us: this thread falls behind */
+        nanosleep(&t, NULL);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s THREADS PASSES\n", argv[0]);
+        return 2;
+    }
+    int threads = atoi(argv[1]), passes = atoi(argv[2]);
+    nc_pool *pool = nc_pool_create(threads);
+    if (!pool || nc_pool_threads(pool) != threads) {
+        fprintf(stderr, "nc_pool_create(%d) failed\n", threads);
+        return 1;
+    }
+    unsigned seed = 12345;
+    for (int p = 0; p < passes; ++p) {
+        struct pass *a = calloc(1, sizeof *a);
+        seed = seed * 1103515245u + 12345u;
+        a->seed = seed >> 16;
+        a->n_calls = 1 + (int)(a->seed % MAX_CALLS);
+        for (int i = 0; i < a->n_calls; ++i) {
+            seed = seed * 1103515245u + 12345u;
+            int r = (int)((seed >> 16) % 4);
+            a->chunks[i] = r == 0 ? 1 : 1 + (int)((seed >> 20) % MAX_CHUNKS);
+        }
+        nc_pool_run(pool, a->n_calls, begin, run, a);
+        int bad = a->errors + (a->next_begin != a->n_calls + 1);
+        for (int i = 0; i <= a->n_calls; ++i)
+            bad += a->begun[i] != 1;
+        for (int i = 0; i < a->n_calls; ++i)
+            for (int c = 0; c < a->chunks[i]; ++c)
+                bad += a->runs[i][c] != 1;
+        free(a);
+        if (bad) {
+            fprintf(stderr, "pass %d: %d errors\n", p, bad);
+            return 1;
+        }
+        if (p % 50 == 49) { /* a new pool now and then: workers must start and stop cleanly */
+            nc_pool_destroy(pool);
+            pool = nc_pool_create(threads);
+        }
+    }
+    if (nc_pool_chunks(pool, 1) != 1 || nc_pool_chunks(pool, 0) != 1 ||
+        (threads > 1 && nc_pool_chunks(pool, 3) != 3) || (threads == 1 && nc_pool_chunks(pool, 1000) != 1)) {
+        fprintf(stderr, "nc_pool_chunks: unexpected counts\n");
+        return 1;
+    }
+    nc_pool_destroy(pool);
+    printf("ok\n");
+    return 0;
+}
