@@ -5,6 +5,8 @@ busy loop, started as another program (its own session), occupies one core.
                                 weights) -t 1 and -t 2
     default model, no load:     nanocompile -t 1 and -t 2 (what the load costs)
     tiny model (tests' tiny_config, random weights), no load and under load: decode at -t 1, 2, 8
+    with --before-python PY:    the same nanocompile measurements (a subset) with the package
+                                installed in PY's environment, e.g. the commit before the new pool
 
 Every measurement runs in its own process (one engine per process, a fresh pool), the order of
 the configurations rotates from round to round, and the busy loop is started before and killed
@@ -14,7 +16,10 @@ wall time of all steps (stalls count); pp: prompt tokens over the prefill's wall
 with no load -t 2 >= 0.5x -t 1 and -t 8 >= 0.7x -t 2 (tg).
 
     python -m bench.contention [--rounds 3] [--pp 256] [--tg 64] [--tiny-tg 240] [--no-llama]
-                               [--label after]
+                               [--before-python /path/to/venv/bin/python] [--label after]
+
+Workers run from /tmp, so each imports the nanocompile installed in its environment, not this
+source tree.
 """
 from __future__ import annotations
 
@@ -28,9 +33,11 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import append, summary
-
 ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):  # run as a worker by path: bench/ importable, nanocompile installed
+    sys.path.append(str(ROOT))
+
+from bench.common import append, summary  # noqa: E402
 TINY = dict(hidden=40, heads=4, kv_heads=2, head_dim=10, ffn=72, layers=2, vocab=300)  # tests' tiny_config()
 TINY_PROMPT = 8  # + --tiny-tg steps must fit the 256-token context
 TINY_REPEATS = 3  # decode runs per tiny-model process; the process reports their median
@@ -112,22 +119,28 @@ def busy_loop(on: bool):
 
 
 def measure(engine: str, model: str, threads: int, load: bool, args) -> dict:
-    cmd = [sys.executable, "-m", "bench.contention", "--worker", engine, "--model", model, "--threads", str(threads),
-           "--pp", str(args.pp), "--tg", str(args.tiny_tg if model == "tiny" else args.tg)]
+    python = args.before_python if engine == "nanocompile-before" else sys.executable
+    cmd = [python, str(Path(__file__).resolve()), "--worker", "llama.cpp" if engine == "llama.cpp" else "nanocompile",
+           "--model", model, "--threads", str(threads), "--pp", str(args.pp),
+           "--tg", str(args.tiny_tg if model == "tiny" else args.tg)]
     with busy_loop(load):
-        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=3600)
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd="/tmp", timeout=3600)
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return {**json.loads(r.stdout.strip().splitlines()[-1]), "loadavg": os.getloadavg()[0]}
 
 
-def configurations(llama: bool) -> list[tuple]:
+def configurations(llama: bool, before: bool) -> list[tuple]:
     """(engine, model, threads, under load)."""
     out = [("nanocompile", "default", t, True) for t in (1, 2)]
     if llama:
         out += [("llama.cpp", "default", t, True) for t in (1, 2)]
     out += [("nanocompile", "default", t, False) for t in (1, 2)]
     out += [("nanocompile", "tiny", t, load) for load in (False, True) for t in (1, 2, 8)]
+    if before:  # the old pool is slow where it stalls: -t 8 under load is left out
+        out += [("nanocompile-before", "default", t, True) for t in (1, 2)]
+        out += [("nanocompile-before", "default", 2, False)]
+        out += [("nanocompile-before", "tiny", t, False) for t in (1, 2, 8)] + [("nanocompile-before", "tiny", 2, True)]
     return out
 
 
@@ -148,24 +161,29 @@ def main() -> None:
     ap.add_argument("--no-llama", action="store_true")
     ap.add_argument("--only", default="", help="run only configurations whose name contains this")
     ap.add_argument("--label", default="", help="recorded with the results (e.g. before, after)")
+    ap.add_argument("--before-python", help="a Python whose environment has the nanocompile to compare with")
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.model, args.threads, args.pp, args.tg)))
         return
 
-    configs = [c for c in configurations(not args.no_llama) if args.only in key(c)]
-    measure("nanocompile", "tiny", 1, False, argparse.Namespace(pp=args.pp, tg=args.tg, tiny_tg=8))  # builds it
+    configs = [c for c in configurations(not args.no_llama, bool(args.before_python)) if args.only in key(c)]
+    for engine in {c[0] for c in configs if c[1] == "tiny"}:  # builds the tiny library outside the timing
+        measure(engine, "tiny", 1, False, argparse.Namespace(pp=args.pp, tg=args.tg, tiny_tg=8,
+                                                             before_python=args.before_python))
     per_round = []
     for r in range(args.rounds):
         order = configs[r % len(configs):] + configs[:r % len(configs)]
         this = {}
         for c in order:
             this[key(c)] = measure(*c, args)
-            print(f"  round {r} {key(c)}: " + ", ".join(f"{k} {v:.1f} t/s" for k, v in this[key(c)].items()),
-                  flush=True)
+            print(f"  round {r} {key(c)}: " + ", ".join(f"{k} {v:.1f} t/s" for k, v in this[key(c)].items()
+                                                         if k != "loadavg")
+                  + f" (load average {this[key(c)]['loadavg']:.1f})", flush=True)
         per_round.append(this)
 
-    results = {k: {test: summary([r[k][test] for r in per_round]) for test in per_round[0][k]} for k in per_round[0]}
+    results = {k: {test: summary([r[k][test] for r in per_round]) for test in per_round[0][k] if test != "loadavg"}
+               for k in per_round[0]}
     print("\n| engine | model | threads | load | test | median t/s | min | max | IQR |\n|---|---|---|---|---|---|---|---|---|")
     for c in configs:
         for test, s in results[key(c)].items():
@@ -192,6 +210,13 @@ def main() -> None:
         "idle: -t 2 / -t 1, pp": ratio("nanocompile default -t 2 idle", "nanocompile default -t 1 idle", "pp"),
         "tiny load: -t 2 / -t 1, tg": ratio("nanocompile tiny -t 2 load", "nanocompile tiny -t 1 load", "tg"),
         "tiny load: -t 8 / -t 2, tg": ratio("nanocompile tiny -t 8 load", "nanocompile tiny -t 2 load", "tg"),
+        "before, load: -t 2 / -t 1, tg": ratio("nanocompile-before default -t 2 load", "nanocompile-before default -t 1 load", "tg"),
+        "before, load: -t 2 / -t 1, pp": ratio("nanocompile-before default -t 2 load", "nanocompile-before default -t 1 load", "pp"),
+        "after / before, idle -t 2, tg": ratio("nanocompile default -t 2 idle", "nanocompile-before default -t 2 idle", "tg"),
+        "after / before, idle -t 2, pp": ratio("nanocompile default -t 2 idle", "nanocompile-before default -t 2 idle", "pp"),
+        "after / before, load -t 2, tg": ratio("nanocompile default -t 2 load", "nanocompile-before default -t 2 load", "tg"),
+        "before, tiny idle: -t 2 / -t 1, tg": ratio("nanocompile-before tiny -t 2 idle", "nanocompile-before tiny -t 1 idle", "tg"),
+        "before, tiny idle: -t 8 / -t 2, tg": ratio("nanocompile-before tiny -t 8 idle", "nanocompile-before tiny -t 2 idle", "tg"),
     }
     print()
     verdicts = {}
@@ -207,7 +232,7 @@ def main() -> None:
             "tiny_config": TINY, "rounds": args.rounds, "results": results, "per_round": per_round,
             "gates": {k: {"ratio": v[0], "bound": v[1], "holds": verdicts.get(k)} for k, v in gates.items()},
             "ratios": extra, "load": "one single-threaded busy loop (python), own session, unpinned",
-            "cpus": os.cpu_count()})
+            "before_python": args.before_python, "cpus": os.cpu_count()})
 
 
 if __name__ == "__main__":

@@ -15,7 +15,16 @@
  *
  * Memory order: a chunk's writes reach the thread that finishes the call through `done` (every
  * chunk's release increment, the finisher's acquire), and reach the next call's threads through
- * `work` (the finisher's release store, their acquire fetch-add). */
+ * `work` (the finisher's release store, their acquire fetch-add).
+ *
+ * When a thread of the pool is descheduled while it holds a chunk, the others finish the rest of
+ * the call and then have to wait for it: nothing else can finish that chunk. When that happens
+ * (a thread fell asleep waiting inside a pass, and the process was preempted since the last
+ * look: getrusage's involuntary context switches), the pool halves the number of threads that
+ * take chunks, at once, for a back-off time that doubles while it keeps happening (20 ms to
+ * 1 s), then tries twice as many again. With a core taken by another program, -t 2 settles on
+ * one thread on the free core instead of stalling on the shared one; more threads than cores
+ * settle on about as many threads as cores. */
 #define _GNU_SOURCE
 #include "nc_pool.h"
 
@@ -24,6 +33,8 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 #if defined(__linux__)
 #include <linux/futex.h>
@@ -35,8 +46,10 @@
 #endif
 #define NC_MAX_THREADS 1024    /* keeps the chunk counter (16 bits) from overflowing */
 #define NC_MAX_CHUNKS 16384
-#define NC_SPINS 4000          /* polls (~50 us) before a thread with nothing to take sleeps */
+#define NC_SPINS 4000          /* polls (~200 us) before a thread with nothing to take sleeps */
 #define NC_SPINS_CROWDED 64    /* the same with more threads than cores: the cores are needed */
+#define NC_BACKOFF_MIN_NS 20000000ull   /* 20 ms */
+#define NC_BACKOFF_MAX_NS 1000000000ull /* 1 s */
 
 struct nc_pool {
     _Alignas(64) _Atomic uint64_t work; /* the open call, its chunks, the next chunk (above) */
@@ -45,27 +58,54 @@ struct nc_pool {
     atomic_int sleepers;                /* threads asleep on `opened` */
     atomic_int caller_sleeps;           /* the calling thread is one of them */
     atomic_int stop;
+    _Alignas(64) atomic_uint taking;    /* futex word: threads 0..taking-1 take chunks */
     /* the pass (see above) */
     _Alignas(64) uint32_t base; /* sequence number of its call 0 */
     int n_calls;
     nc_begin_fn begin;
     nc_chunk_fn run;
     void *ctx;
+    /* how many threads take chunks: fewer until hold_until after a stall (see above) */
+    _Atomic uint64_t hold_until;
+    pthread_mutex_t control; /* over these: */
+    uint64_t backoff, last_contention;
+    long preemptions;
     /* fixed at creation */
     int n_threads, active, spins;
-    pthread_t *workers;
+    struct worker *workers;
+};
+
+struct worker {
+    nc_pool *pool;
+    int index;
+    pthread_t thread;
 };
 
 static inline uint32_t seq_of(uint64_t w) { return (uint32_t)(w >> 32); }
 static inline unsigned chunks_of(uint64_t w) { return (unsigned)(w >> 16) & 0xffffu; }
 static inline unsigned next_of(uint64_t w) { return (unsigned)w & 0xffffu; }
 static inline uint64_t pack(uint32_t seq, unsigned chunks) { return (uint64_t)seq << 32 | (uint64_t)chunks << 16; }
+static inline int min_int(int a, int b) { return a < b ? a : b; }
 
 static inline void relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* Times the operating system took a core from a thread of this process. */
+static long preemptions(void)
+{
+    struct rusage u;
+    return getrusage(RUSAGE_SELF, &u) == 0 ? u.ru_nivcsw : 0;
 }
 
 #if defined(__linux__)
@@ -85,25 +125,32 @@ static void futex_wake(atomic_uint *word, int n) { (void)word, (void)n; }
 static int clamp_chunks(int n) { return n < 1 ? 1 : n > NC_MAX_CHUNKS ? NC_MAX_CHUNKS : n; }
 
 /* Publishes call `seq` with `chunks` chunks (0: the pass has finished) and wakes the sleepers
- * it has work for: one fewer than its chunks (the opener takes one), at most one per other core. */
+ * it has work for: one fewer than its chunks (the opener takes one), one per other thread that
+ * may take chunks and per other core. A sleeping caller is always woken: it must hear of the
+ * end, and it is the one thread sure to take chunks (the opener may just have been told not to). */
 static void open_call(nc_pool *p, uint32_t seq, unsigned chunks)
 {
     atomic_store_explicit(&p->work, pack(seq, chunks), memory_order_release);
     atomic_store(&p->opened, seq);
     if (atomic_load(&p->sleepers) == 0)
         return;
-    int wake;
-    if (chunks == 0)
-        wake = atomic_load(&p->caller_sleeps) ? INT_MAX : 0; /* the caller must hear of the end */
-    else
-        wake = (int)chunks - 1 < p->active - 1 ? (int)chunks - 1 : p->active - 1;
+    int wake = 0;
+    if (atomic_load(&p->caller_sleeps)) {
+        wake = INT_MAX;
+    } else if (chunks > 0) {
+        int helpers = min_int((int)atomic_load_explicit(&p->taking, memory_order_relaxed), p->active) - 1;
+        wake = min_int((int)chunks - 1, helpers);
+    }
     if (wake > 0)
         futex_wake(&p->opened, wake);
 }
 
-/* Returns once the call after `seq` has opened (or the pool stops): spin, then sleep. */
-static void wait_for_next(nc_pool *p, uint32_t seq, int caller)
+static void note_stall(nc_pool *p);
+
+/* Returns once the call after the one in `w` has opened (or the pool stops): spin, then sleep. */
+static void wait_for_next(nc_pool *p, uint64_t w, int caller)
 {
+    uint32_t seq = seq_of(w);
     for (int i = 0; i < p->spins; ++i) {
         if (seq_of(atomic_load_explicit(&p->work, memory_order_relaxed)) != seq ||
             atomic_load_explicit(&p->stop, memory_order_relaxed))
@@ -119,6 +166,8 @@ static void wait_for_next(nc_pool *p, uint32_t seq, int caller)
     atomic_fetch_sub(&p->sleepers, 1);
     if (caller)
         atomic_store(&p->caller_sleeps, 0);
+    if (chunks_of(w) > 0) /* inside a pass: a thread holding a chunk was slow or descheduled */
+        note_stall(p);
 }
 
 /* Runs a claimed chunk; the thread that finishes a call's last chunk opens the next call. */
@@ -134,16 +183,18 @@ static void run_chunk(nc_pool *p, uint32_t seq, unsigned chunk, unsigned chunks)
     open_call(p, seq + 1, next < p->n_calls ? (unsigned)next_chunks : 0);
 }
 
-/* Takes chunks until the pass that finishes at sequence number `end` has (the caller), or until
- * the pool stops (a worker, caller = 0). */
-static void take_chunks(nc_pool *p, int caller, uint32_t end)
+/* Takes chunks until the pass that finishes at sequence number `end` has (the caller, index 0),
+ * or until the pool stops or this worker may no longer take chunks. */
+static void take_chunks(nc_pool *p, int index, uint32_t end)
 {
     for (;;) {
         uint64_t w = atomic_load_explicit(&p->work, memory_order_acquire);
-        if (caller ? seq_of(w) == end : atomic_load_explicit(&p->stop, memory_order_relaxed))
+        if (index == 0 ? seq_of(w) == end
+                       : atomic_load_explicit(&p->stop, memory_order_relaxed) ||
+                             index >= (int)atomic_load_explicit(&p->taking, memory_order_relaxed))
             return;
         if (next_of(w) >= chunks_of(w)) {
-            wait_for_next(p, seq_of(w), caller);
+            wait_for_next(p, w, index == 0);
             continue;
         }
         w = atomic_fetch_add_explicit(&p->work, 1, memory_order_acq_rel);
@@ -154,8 +205,47 @@ static void take_chunks(nc_pool *p, int caller, uint32_t end)
 
 static void *worker_main(void *arg)
 {
-    take_chunks(arg, 0, 0);
+    struct worker *self = arg;
+    nc_pool *p = self->pool;
+    while (!atomic_load(&p->stop)) {
+        unsigned taking = atomic_load(&p->taking);
+        if (self->index < (int)taking)
+            take_chunks(p, self->index, 0);
+        else
+            futex_wait(&p->taking, taking); /* until more threads may take chunks */
+    }
     return NULL;
+}
+
+/* The calling thread sets how many threads take chunks, between passes. */
+static void set_taking(nc_pool *p, int n)
+{
+    unsigned before = atomic_exchange(&p->taking, (unsigned)n);
+    if ((unsigned)n > before)
+        futex_wake(&p->taking, INT_MAX);
+}
+
+/* After a stall inside a pass: if the process was preempted since the last look, fewer threads
+ * take chunks, from now until the back-off time has passed. */
+static void note_stall(nc_pool *p)
+{
+    if (pthread_mutex_trylock(&p->control) != 0)
+        return; /* another thread is looking */
+    long seen = preemptions();
+    if (seen != p->preemptions) {
+        p->preemptions = seen;
+        uint64_t now = now_ns();
+        if (now - p->last_contention > 2 * NC_BACKOFF_MAX_NS)
+            p->backoff = NC_BACKOFF_MIN_NS;
+        else if (p->backoff < NC_BACKOFF_MAX_NS)
+            p->backoff *= 2;
+        p->last_contention = now;
+        atomic_store_explicit(&p->hold_until, now + p->backoff, memory_order_relaxed);
+        int taking = (int)atomic_load(&p->taking);
+        if (taking > 1)
+            set_taking(p, taking / 2);
+    }
+    pthread_mutex_unlock(&p->control);
 }
 
 static int usable_cpus(void)
@@ -185,11 +275,17 @@ nc_pool *nc_pool_create(int n_threads)
     }
     int cpus = usable_cpus();
     p->n_threads = n_threads;
-    p->active = n_threads < cpus ? n_threads : cpus;
+    p->active = min_int(n_threads, cpus);
     p->spins = n_threads <= cpus ? NC_SPINS : NC_SPINS_CROWDED;
+    pthread_mutex_init(&p->control, NULL);
+    p->backoff = NC_BACKOFF_MIN_NS;
+    p->preemptions = preemptions();
+    atomic_store(&p->taking, (unsigned)n_threads);
     for (int i = 1; i < n_threads; ++i) {
-        if (pthread_create(&p->workers[i], NULL, worker_main, p) != 0) {
-            p->n_threads = i; /* run with the workers that started (they never read the count) */
+        p->workers[i].pool = p;
+        p->workers[i].index = i;
+        if (pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]) != 0) {
+            p->n_threads = i; /* run with the workers that started */
             break;
         }
     }
@@ -206,15 +302,32 @@ int nc_pool_chunks(const nc_pool *p, int64_t extent)
     return clamp_chunks((int)(extent < most ? extent : most));
 }
 
+/* Every call on the calling thread, each as one chunk: no other thread is involved. */
+static void run_alone(int n_calls, nc_begin_fn begin, nc_chunk_fn run, void *ctx)
+{
+    for (int call = 0; call < n_calls; ++call) {
+        begin(ctx, call);
+        run(ctx, call, 0, 1);
+    }
+    begin(ctx, n_calls);
+}
+
 void nc_pool_run(nc_pool *p, int n_calls, nc_begin_fn begin, nc_chunk_fn run, void *ctx)
 {
     if (n_calls < 1 || !p || p->n_threads == 1) {
-        for (int call = 0; call < n_calls; ++call) {
-            int chunks = clamp_chunks(begin(ctx, call));
-            for (int c = 0; c < chunks; ++c)
-                run(ctx, call, c, chunks);
-        }
-        begin(ctx, n_calls < 0 ? 0 : n_calls);
+        run_alone(n_calls < 0 ? 0 : n_calls, begin, run, ctx);
+        return;
+    }
+    int taking = (int)atomic_load(&p->taking);
+    if (taking < p->n_threads && now_ns() >= atomic_load_explicit(&p->hold_until, memory_order_relaxed)) {
+        pthread_mutex_lock(&p->control); /* the back-off is over: try twice as many threads */
+        taking = min_int(2 * (int)atomic_load(&p->taking), p->n_threads);
+        p->preemptions = preemptions();
+        set_taking(p, taking);
+        pthread_mutex_unlock(&p->control);
+    }
+    if (taking == 1) {
+        run_alone(n_calls, begin, run, ctx);
         return;
     }
     /* the previous pass has finished: no thread holds a chunk, so none reads these */
@@ -225,7 +338,7 @@ void nc_pool_run(nc_pool *p, int n_calls, nc_begin_fn begin, nc_chunk_fn run, vo
     p->run = run;
     p->ctx = ctx;
     open_call(p, base, (unsigned)clamp_chunks(begin(ctx, 0)));
-    take_chunks(p, 1, base + (uint32_t)n_calls);
+    take_chunks(p, 0, base + (uint32_t)n_calls);
 }
 
 void nc_pool_destroy(nc_pool *p)
@@ -235,8 +348,11 @@ void nc_pool_destroy(nc_pool *p)
     atomic_store(&p->stop, 1);
     atomic_fetch_add(&p->opened, 1);
     futex_wake(&p->opened, INT_MAX);
+    atomic_fetch_add(&p->taking, 1);
+    futex_wake(&p->taking, INT_MAX);
     for (int i = 1; i < p->n_threads; ++i)
-        pthread_join(p->workers[i], NULL);
+        pthread_join(p->workers[i].thread, NULL);
+    pthread_mutex_destroy(&p->control);
     free(p->workers);
     free(p);
 }

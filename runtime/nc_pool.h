@@ -32,8 +32,9 @@ nc_pool *nc_pool_create(int n_threads); /* NULL on failure; n_threads >= 1 */
 void nc_pool_destroy(nc_pool *pool);
 int nc_pool_threads(const nc_pool *pool);
 
-/* Runs calls 0..n_calls-1 in order on the pool's threads and returns when all have finished.
- * One pass at a time per pool. */
+/* Runs calls 0..n_calls-1 in order on the pool's threads and returns when all have finished:
+ * each call as the chunks begin() asked for, or as one chunk (0 of 1) when the pool runs the
+ * pass on the calling thread alone. One pass at a time per pool. */
 void nc_pool_run(nc_pool *pool, int n_calls, nc_begin_fn begin, nc_chunk_fn run, void *ctx);
 
 /* Chunks worth handing out for a parallel loop of `extent` iterations: at most the extent, and
