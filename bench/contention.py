@@ -8,9 +8,11 @@ busy loop, started as another program (its own session), occupies one core.
     with --before-python PY:    the same nanocompile measurements (a subset) with the package
                                 installed in PY's environment, e.g. the commit before the new pool
 
-Every measurement runs in its own process (one engine per process, a fresh pool), the order of
-the configurations rotates from round to round, and the busy loop is started before and killed
-after each measurement under load. tg: greedy steps after a pp-token prompt, tokens over the
+Every measurement runs in its own process (one engine per process, a fresh pool). The
+configurations come in groups whose members are compared (-t 1 and -t 2 of one engine under one
+load, ...): a group's members run one after the other, in the opposite order every other round,
+so a ratio compares measurements minutes apart at most on a machine whose load drifts; the busy
+loop is started before and killed after each measurement under load. tg: greedy steps after a pp-token prompt, tokens over the
 wall time of all steps (stalls count); pp: prompt tokens over the prefill's wall time. Gates
 (medians of per-round ratios): under load nanocompile -t 2 >= 0.9x -t 1 (tg and pp); tiny model
 with no load -t 2 >= 0.5x -t 1 and -t 8 >= 0.7x -t 2 (tg).
@@ -130,18 +132,19 @@ def measure(engine: str, model: str, threads: int, load: bool, args) -> dict:
     return {**json.loads(r.stdout.strip().splitlines()[-1]), "loadavg": os.getloadavg()[0]}
 
 
-def configurations(llama: bool, before: bool) -> list[tuple]:
-    """(engine, model, threads, under load)."""
-    out = [("nanocompile", "default", t, True) for t in (1, 2)]
+def configurations(llama: bool, before: bool) -> list[list[tuple]]:
+    """Groups of (engine, model, threads, under load) that are compared with each other."""
+    groups = [[("nanocompile", "default", t, True) for t in (1, 2)]]
     if llama:
-        out += [("llama.cpp", "default", t, True) for t in (1, 2)]
-    out += [("nanocompile", "default", t, False) for t in (1, 2)]
-    out += [("nanocompile", "tiny", t, load) for load in (False, True) for t in (1, 2, 8)]
+        groups += [[("llama.cpp", "default", t, True) for t in (1, 2)]]
+    groups += [[("nanocompile", "default", t, False) for t in (1, 2)]]
+    groups += [[("nanocompile", "tiny", t, load) for t in (1, 2, 8)] for load in (False, True)]
     if before:  # the old pool is slow where it stalls: -t 8 under load is left out
-        out += [("nanocompile-before", "default", t, True) for t in (1, 2)]
-        out += [("nanocompile-before", "default", 2, False)]
-        out += [("nanocompile-before", "tiny", t, False) for t in (1, 2, 8)] + [("nanocompile-before", "tiny", 2, True)]
-    return out
+        groups[0] += [("nanocompile-before", "default", t, True) for t in (1, 2)]
+        groups[-3] += [("nanocompile-before", "default", 2, False)]
+        groups[-2] += [("nanocompile-before", "tiny", t, False) for t in (1, 2, 8)]
+        groups[-1] += [("nanocompile-before", "tiny", 2, True)]
+    return groups
 
 
 def key(c: tuple) -> str:
@@ -167,13 +170,15 @@ def main() -> None:
         print(json.dumps(worker(args.worker, args.model, args.threads, args.pp, args.tg)))
         return
 
-    configs = [c for c in configurations(not args.no_llama, bool(args.before_python)) if args.only in key(c)]
+    groups = [[c for c in g if args.only in key(c)] for g in configurations(not args.no_llama, bool(args.before_python))]
+    groups = [g for g in groups if g]
+    configs = [c for g in groups for c in g]
     for engine in {c[0] for c in configs if c[1] == "tiny"}:  # builds the tiny library outside the timing
         measure(engine, "tiny", 1, False, argparse.Namespace(pp=args.pp, tg=args.tg, tiny_tg=8,
                                                              before_python=args.before_python))
     per_round = []
     for r in range(args.rounds):
-        order = configs[r % len(configs):] + configs[:r % len(configs)]
+        order = [c for i in range(len(groups)) for c in groups[(i + r) % len(groups)][::1 if r % 2 == 0 else -1]]
         this = {}
         for c in order:
             this[key(c)] = measure(*c, args)

@@ -19,10 +19,11 @@
  *
  * When a thread of the pool is descheduled while it holds a chunk, the others finish the rest of
  * the call and then have to wait for it: nothing else can finish that chunk. When that happens
- * (a thread fell asleep waiting inside a pass, and the process was preempted since the last
- * look: getrusage's involuntary context switches), the pool halves the number of threads that
- * take chunks, at once, for a back-off time that doubles while it keeps happening (20 ms to
- * 1 s), then tries twice as many again. With a core taken by another program, -t 2 settles on
+ * (a thread waited for the rest of a call, asleep, more than NC_STALL times as long as the call
+ * had run when it ran out of chunks, and the process was preempted since the last look:
+ * getrusage's involuntary context switches), the pool halves the number of threads that take
+ * chunks, at once, for a back-off time that doubles while it keeps happening (20 ms to 1 s),
+ * then tries twice as many again. With a core taken by another program, -t 2 settles on
  * one thread on the free core instead of stalling on the shared one; more threads than cores
  * settle on about as many threads as cores. */
 #define _GNU_SOURCE
@@ -48,6 +49,7 @@
 #define NC_MAX_CHUNKS 16384
 #define NC_SPINS 4000          /* polls (~200 us) before a thread with nothing to take sleeps */
 #define NC_SPINS_CROWDED 64    /* the same with more threads than cores: the cores are needed */
+#define NC_STALL 4 /* a wait this many times the call's time so far: a peer was descheduled */
 #define NC_BACKOFF_MIN_NS 20000000ull   /* 20 ms */
 #define NC_BACKOFF_MAX_NS 1000000000ull /* 1 s */
 
@@ -55,6 +57,7 @@ struct nc_pool {
     _Alignas(64) _Atomic uint64_t work; /* the open call, its chunks, the next chunk (above) */
     _Alignas(64) atomic_uint done;      /* chunks of the open call finished */
     _Alignas(64) atomic_uint opened;    /* futex word: the open call's sequence number */
+    _Atomic uint64_t opened_at;         /* ticks() when it opened */
     atomic_int sleepers;                /* threads asleep on `opened` */
     atomic_int caller_sleeps;           /* the calling thread is one of them */
     atomic_int stop;
@@ -94,6 +97,18 @@ static inline void relax(void)
 #endif
 }
 
+/* A cheap clock for comparing durations (the TSC runs at a constant rate on every core). */
+static inline uint64_t ticks(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    return __builtin_ia32_rdtsc();
+#else
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+#endif
+}
+
 static uint64_t now_ns(void)
 {
     struct timespec t;
@@ -130,6 +145,7 @@ static int clamp_chunks(int n) { return n < 1 ? 1 : n > NC_MAX_CHUNKS ? NC_MAX_C
  * end, and it is the one thread sure to take chunks (the opener may just have been told not to). */
 static void open_call(nc_pool *p, uint32_t seq, unsigned chunks)
 {
+    atomic_store_explicit(&p->opened_at, ticks(), memory_order_relaxed);
     atomic_store_explicit(&p->work, pack(seq, chunks), memory_order_release);
     atomic_store(&p->opened, seq);
     if (atomic_load(&p->sleepers) == 0)
@@ -151,6 +167,7 @@ static void note_stall(nc_pool *p);
 static void wait_for_next(nc_pool *p, uint64_t w, int caller)
 {
     uint32_t seq = seq_of(w);
+    uint64_t start = ticks(), opened_at = atomic_load_explicit(&p->opened_at, memory_order_relaxed);
     for (int i = 0; i < p->spins; ++i) {
         if (seq_of(atomic_load_explicit(&p->work, memory_order_relaxed)) != seq ||
             atomic_load_explicit(&p->stop, memory_order_relaxed))
@@ -166,7 +183,8 @@ static void wait_for_next(nc_pool *p, uint64_t w, int caller)
     atomic_fetch_sub(&p->sleepers, 1);
     if (caller)
         atomic_store(&p->caller_sleeps, 0);
-    if (chunks_of(w) > 0) /* inside a pass: a thread holding a chunk was slow or descheduled */
+    /* inside a pass, far longer than the call had taken: a thread holding a chunk was descheduled */
+    if (chunks_of(w) > 0 && ticks() - start > NC_STALL * (start - opened_at))
         note_stall(p);
 }
 
