@@ -237,7 +237,15 @@ def main() -> None:
             "tiny_config": TINY, "rounds": args.rounds, "results": results, "per_round": per_round,
             "gates": {k: {"ratio": v[0], "bound": v[1], "holds": verdicts.get(k)} for k, v in gates.items()},
             "ratios": extra, "load": "one single-threaded busy loop (python), own session, unpinned",
-            "before_python": args.before_python, "cpus": os.cpu_count()})
+            "before_python": args.before_python, "cpus": os.cpu_count(), "commit": _commit()})
+
+
+def _commit() -> str:
+    """This tree's commit (the package measured is the one installed from it), '+' if modified."""
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "runtime", "templates", "nanocompile"],
+                           capture_output=True, text=True)
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
 
 
 if __name__ == "__main__":

@@ -19,13 +19,19 @@
  *
  * When a thread of the pool is descheduled while it holds a chunk, the others finish the rest of
  * the call and then have to wait for it: nothing else can finish that chunk. When that happens
- * (a thread waited for the rest of a call, asleep, more than NC_STALL times as long as the call
- * had run when it ran out of chunks, and the process was preempted since the last look:
- * getrusage's involuntary context switches), the pool halves the number of threads that take
- * chunks, at once, for a back-off time that doubles while it keeps happening (20 ms to 1 s),
+ * (a thread waited for the rest of a call, asleep, more than NC_STALL times as long as its own
+ * chunks of the call took on average, or as the call had run if it took none, and the process
+ * was preempted since the last look: getrusage's involuntary context switches), the pool halves
+ * the number of threads that take chunks, at once, for a back-off time that doubles while it keeps happening (20 ms to 1 s),
  * then tries twice as many again. With a core taken by another program, -t 2 settles on
  * one thread on the free core instead of stalling on the shared one; more threads than cores
- * settle on about as many threads as cores. */
+ * settle on about as many threads as cores.
+ *
+ * Sharing a call costs a few cache-line transfers (~1 us here): a pass whose calls take less
+ * than that is faster on one thread. So a parallel pass averaging under NC_GRAIN_ALONE_NS a call
+ * makes the next passes run on the calling thread alone, until one of them averages over
+ * NC_GRAIN_SHARE_NS a call (a tiny model's decode stays alone, its prefill or a real model's
+ * step is shared). */
 #define _GNU_SOURCE
 #include "nc_pool.h"
 
@@ -49,7 +55,9 @@
 #define NC_MAX_CHUNKS 16384
 #define NC_SPINS 4000          /* polls (~200 us) before a thread with nothing to take sleeps */
 #define NC_SPINS_CROWDED 64    /* the same with more threads than cores: the cores are needed */
-#define NC_STALL 4 /* a wait this many times the call's time so far: a peer was descheduled */
+#define NC_STALL 3 /* a wait this many times a chunk's time: a peer was descheduled */
+#define NC_GRAIN_ALONE_NS 5000 /* per call, on the pool */
+#define NC_GRAIN_SHARE_NS 20000 /* per call, on one thread */
 #define NC_BACKOFF_MIN_NS 20000000ull   /* 20 ms */
 #define NC_BACKOFF_MAX_NS 1000000000ull /* 1 s */
 
@@ -73,6 +81,7 @@ struct nc_pool {
     pthread_mutex_t control; /* over these: */
     uint64_t backoff, last_contention;
     long preemptions;
+    int small_calls; /* the calling thread's: the last pass's calls were too short to share */
     /* fixed at creation */
     int n_threads, active, spins;
     struct worker *workers;
@@ -163,11 +172,19 @@ static void open_call(nc_pool *p, uint32_t seq, unsigned chunks)
 
 static void note_stall(nc_pool *p);
 
+/* A thread's chunks of the call it took chunks of last: the yardstick for its wait. */
+struct mine {
+    uint32_t seq;
+    unsigned chunks;
+    uint64_t since; /* ticks() at the first */
+};
+
 /* Returns once the call after the one in `w` has opened (or the pool stops): spin, then sleep. */
-static void wait_for_next(nc_pool *p, uint64_t w, int caller)
+static void wait_for_next(nc_pool *p, uint64_t w, int caller, const struct mine *me)
 {
     uint32_t seq = seq_of(w);
     uint64_t start = ticks(), opened_at = atomic_load_explicit(&p->opened_at, memory_order_relaxed);
+    uint64_t yardstick = me->seq == seq && me->chunks ? (start - me->since) / me->chunks : start - opened_at;
     for (int i = 0; i < p->spins; ++i) {
         if (seq_of(atomic_load_explicit(&p->work, memory_order_relaxed)) != seq ||
             atomic_load_explicit(&p->stop, memory_order_relaxed))
@@ -183,8 +200,8 @@ static void wait_for_next(nc_pool *p, uint64_t w, int caller)
     atomic_fetch_sub(&p->sleepers, 1);
     if (caller)
         atomic_store(&p->caller_sleeps, 0);
-    /* inside a pass, far longer than the call had taken: a thread holding a chunk was descheduled */
-    if (chunks_of(w) > 0 && ticks() - start > NC_STALL * (start - opened_at))
+    /* inside a pass, far longer than a chunk takes: a thread holding one was descheduled */
+    if (chunks_of(w) > 0 && ticks() - start > NC_STALL * yardstick)
         note_stall(p);
 }
 
@@ -205,6 +222,7 @@ static void run_chunk(nc_pool *p, uint32_t seq, unsigned chunk, unsigned chunks)
  * or until the pool stops or this worker may no longer take chunks. */
 static void take_chunks(nc_pool *p, int index, uint32_t end)
 {
+    struct mine me = {0, 0, 0};
     for (;;) {
         uint64_t w = atomic_load_explicit(&p->work, memory_order_acquire);
         if (index == 0 ? seq_of(w) == end
@@ -212,12 +230,16 @@ static void take_chunks(nc_pool *p, int index, uint32_t end)
                              index >= (int)atomic_load_explicit(&p->taking, memory_order_relaxed))
             return;
         if (next_of(w) >= chunks_of(w)) {
-            wait_for_next(p, w, index == 0);
+            wait_for_next(p, w, index == 0, &me);
             continue;
         }
         w = atomic_fetch_add_explicit(&p->work, 1, memory_order_acq_rel);
-        if (next_of(w) < chunks_of(w)) /* else another thread took the last one first */
-            run_chunk(p, seq_of(w), next_of(w), chunks_of(w));
+        if (next_of(w) >= chunks_of(w))
+            continue; /* another thread took the last one first */
+        if (seq_of(w) != me.seq || me.chunks == 0)
+            me = (struct mine){seq_of(w), 0, ticks()};
+        me.chunks += 1;
+        run_chunk(p, seq_of(w), next_of(w), chunks_of(w));
     }
 }
 
@@ -344,8 +366,11 @@ void nc_pool_run(nc_pool *p, int n_calls, nc_begin_fn begin, nc_chunk_fn run, vo
         set_taking(p, taking);
         pthread_mutex_unlock(&p->control);
     }
-    if (taking == 1) {
+    uint64_t start = now_ns();
+    if (taking == 1 || p->small_calls) {
         run_alone(n_calls, begin, run, ctx);
+        if (now_ns() - start > NC_GRAIN_SHARE_NS * (uint64_t)n_calls)
+            p->small_calls = 0;
         return;
     }
     /* the previous pass has finished: no thread holds a chunk, so none reads these */
@@ -357,6 +382,8 @@ void nc_pool_run(nc_pool *p, int n_calls, nc_begin_fn begin, nc_chunk_fn run, vo
     p->ctx = ctx;
     open_call(p, base, (unsigned)clamp_chunks(begin(ctx, 0)));
     take_chunks(p, 0, base + (uint32_t)n_calls);
+    if (now_ns() - start < NC_GRAIN_ALONE_NS * (uint64_t)n_calls)
+        p->small_calls = 1;
 }
 
 void nc_pool_destroy(nc_pool *p)

@@ -9,8 +9,12 @@
  * as a wrong count here or as a data race under ThreadSanitizer. A call runs as the chunks
  * begin() asked for, or as one chunk when the pool runs it on one thread alone. begin() must see
  * the calls in order, once each, and the end mark last. Some chunks sleep, so that threads fall
- * behind and skip calls. Exit status 0 and "ok" on success. */
+ * behind and skip calls. Passes come in runs of ten light ones (chunks that do nothing, too
+ * short to share) and ten heavy ones (5 us a chunk asked for), so that the pool runs passes both ways.
+ * Prints "ok SHARED ALONE": the passes some other thread took a chunk of, and the passes run as
+ * one chunk a call; exit status 0 on success. */
 #define _DEFAULT_SOURCE
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -24,6 +28,8 @@ struct pass {
     int n_calls;
     int chunks[MAX_CALLS];
     int runs[MAX_CALLS][MAX_CHUNKS];   /* plain ints: written by one chunk each */
+    pthread_t who[MAX_CALLS][MAX_CHUNKS];
+    int heavy;
     int begun[MAX_CALLS + 1];
     int next_begin;
     int errors;                        /* written only by begin(), which runs one call at a time */
@@ -61,6 +67,15 @@ static void run(void *ctx, int call, int chunk, int n_chunks)
     if (call > 0 && !complete(a, call - 1)) /* reads the call before: a race if it had not finished */
         abort();
     a->runs[call][chunk] += 1;
+    a->who[call][chunk] = pthread_self();
+    if (a->heavy) { /* 5 us of work per chunk asked for: one chunk of 1 does all of them */
+        long ns = 5000L * a->chunks[call] / n_chunks;
+        struct timespec t0, t;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        do
+            clock_gettime(CLOCK_MONOTONIC, &t);
+        while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < ns);
+    }
     if ((call * 7 + chunk * 13 + (int)a->seed) % 29 == 0) {
         struct timespec t = {0, 20000}; /* 20 us: this thread falls behind */
         nanosleep(&t, NULL);
@@ -80,10 +95,12 @@ int main(int argc, char **argv)
         return 1;
     }
     unsigned seed = 12345;
+    int shared = 0, alone = 0;
     for (int p = 0; p < passes; ++p) {
         struct pass *a = calloc(1, sizeof *a);
         seed = seed * 1103515245u + 12345u;
         a->seed = seed >> 16;
+        a->heavy = p / 10 % 2;
         a->n_calls = 1 + (int)(a->seed % MAX_CALLS);
         for (int i = 0; i < a->n_calls; ++i) {
             seed = seed * 1103515245u + 12345u;
@@ -94,8 +111,15 @@ int main(int argc, char **argv)
         int bad = a->errors + (a->next_begin != a->n_calls + 1);
         for (int i = 0; i <= a->n_calls; ++i)
             bad += a->begun[i] != 1;
-        for (int i = 0; i < a->n_calls; ++i)
+        int others = 0, split = 0;
+        for (int i = 0; i < a->n_calls; ++i) {
             bad += !complete(a, i);
+            split += a->chunks[i] > 1 && a->runs[i][1] == 1;
+            for (int c = 0; c < a->chunks[i]; ++c)
+                others += a->runs[i][c] == 1 && !pthread_equal(a->who[i][c], pthread_self());
+        }
+        shared += others > 0;
+        alone += split == 0;
         free(a);
         if (bad) {
             fprintf(stderr, "pass %d: %d errors\n", p, bad);
@@ -112,6 +136,6 @@ int main(int argc, char **argv)
         return 1;
     }
     nc_pool_destroy(pool);
-    printf("ok\n");
+    printf("ok %d %d\n", shared, alone);
     return 0;
 }
