@@ -22,10 +22,10 @@
  * (a thread waited for the rest of a call, asleep, more than NC_STALL times as long as its own
  * chunks of the call took on average, or as the call had run if it took none, and the process
  * was preempted since the last look: getrusage's involuntary context switches), the pool halves
- * the number of threads that take chunks, at once, for a back-off time that doubles while it keeps happening (20 ms to 1 s),
- * then tries twice as many again. With a core taken by another program, -t 2 settles on
- * one thread on the free core instead of stalling on the shared one; more threads than cores
- * settle on about as many threads as cores.
+ * the number of threads that take chunks, at once, for a back-off time that doubles while it
+ * keeps happening (20 ms to 1 s), then tries twice as many again. With a core taken by another
+ * program, -t 2 settles on one thread on the free core instead of stalling on the shared one;
+ * more threads than cores settle on about as many threads as cores.
  *
  * Sharing a call costs a few cache-line transfers (~1 us here): a pass whose calls take less
  * than that is faster on one thread. So a parallel pass averaging under NC_GRAIN_ALONE_NS a call
@@ -257,7 +257,7 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* The calling thread sets how many threads take chunks, between passes. */
+/* How many threads take chunks: lowered by note_stall, raised by the caller between passes. */
 static void set_taking(nc_pool *p, int n)
 {
     unsigned before = atomic_exchange(&p->taking, (unsigned)n);
