@@ -1,100 +1,330 @@
-/* nanocompile thread pool (hand-written). See nc_pool.h. */
-#define _DEFAULT_SOURCE
+/* nanocompile thread pool (hand-written). See nc_pool.h for what it promises.
+ *
+ * The state of a pass is one 64-bit word, so that a thread reads which call is open and claims a
+ * chunk of it in one atomic step (a fetch-add):
+ *
+ *   bits 63..32  the open call's sequence number: every call the pool ever opened has its own;
+ *                a pass of n calls uses n + 1 of them, the last one meaning "finished"
+ *   bits 31..16  the open call's number of chunks
+ *   bits 15..0   the next chunk to hand out; it may run past the number of chunks by at most
+ *                one per thread (a thread that found a chunk free and lost the race to it)
+ *
+ * The pass itself (the calls' functions and context) is written by the calling thread before it
+ * opens the first call and read by a thread only while it holds a chunk of that pass, which
+ * keeps the pass from finishing: no thread reads a pass that the caller may be replacing.
+ *
+ * Memory order: a chunk's writes reach the thread that finishes the call through `done` (every
+ * chunk's release increment, the finisher's acquire), and reach the next call's threads through
+ * `work` (the finisher's release store, their acquire fetch-add).
+ *
+ * When a thread of the pool is descheduled while it holds a chunk, the others finish the rest of
+ * the call and then have to wait for it: nothing else can finish that chunk. When that happens
+ * (a thread waited for the rest of a call, asleep, more than NC_STALL times as long as its own
+ * chunks of the call took on average, or as the call had run if it took none, and the process
+ * was preempted since the last look: getrusage's involuntary context switches), the pool halves
+ * the number of threads that take chunks, at once, for a back-off time that doubles while it
+ * keeps happening (20 ms to 1 s), then tries twice as many again. With a core taken by another
+ * program, -t 2 settles on one thread on the free core instead of stalling on the shared one;
+ * more threads than cores settle on about as many threads as cores.
+ *
+ * Sharing a call costs a few cache-line transfers (~1 us here): a pass whose calls take less
+ * than that is faster on one thread. So a parallel pass averaging under NC_GRAIN_ALONE_NS a call
+ * makes the next passes run on the calling thread alone, until one of them averages over
+ * NC_GRAIN_SHARE_NS a call (a tiny model's decode stays alone, its prefill or a real model's
+ * step is shared). */
+#define _GNU_SOURCE
 #include "nc_pool.h"
 
+#include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
 
-#define NC_SPINS 20000 /* polls before a waiting thread sleeps */
+#ifndef NC_CHUNKS_PER_THREAD
+#define NC_CHUNKS_PER_THREAD 8 /* chunks per thread that can run at once: balance against claims */
+#endif
+#define NC_MAX_THREADS 1024    /* keeps the chunk counter (16 bits) from overflowing */
+#define NC_MAX_CHUNKS 16384
+#define NC_SPINS 4000          /* polls (~200 us) before a thread with nothing to take sleeps */
+#define NC_SPINS_CROWDED 64    /* the same with more threads than cores: the cores are needed */
+#define NC_STALL 3 /* a wait this many times a chunk's time: a peer was descheduled */
+#define NC_GRAIN_ALONE_NS 5000 /* per call, on the pool */
+#define NC_GRAIN_SHARE_NS 20000 /* per call, on one thread */
+#define NC_BACKOFF_MIN_NS 20000000ull   /* 20 ms */
+#define NC_BACKOFF_MAX_NS 1000000000ull /* 1 s */
 
-/* Counters each on their own cache line: a worker polling `generation` must not share a line
- * with the counter every finishing worker writes. */
 struct nc_pool {
-    _Alignas(64) atomic_uint generation; /* bumped to publish a task */
-    _Alignas(64) atomic_uint finished;   /* workers done with the current task */
-    _Alignas(64) atomic_int sleepers;    /* threads asleep on the condition */
-    _Alignas(64) atomic_uint bar_count;  /* threads arrived at the barrier */
-    _Alignas(64) atomic_uint bar_gen;    /* bumped when the last one arrives */
-    _Alignas(64) nc_task fn;
-    void *ctx;
-    int n_threads;
+    _Alignas(64) _Atomic uint64_t work; /* the open call, its chunks, the next chunk (above) */
+    _Alignas(64) atomic_uint done;      /* chunks of the open call finished */
+    _Alignas(64) atomic_uint opened;    /* futex word: the open call's sequence number */
+    _Atomic uint64_t opened_at;         /* ticks() when it opened */
+    atomic_int sleepers;                /* threads asleep on `opened` */
+    atomic_int caller_sleeps;           /* the calling thread is one of them */
     atomic_int stop;
-    pthread_mutex_t lock;
-    pthread_cond_t wake; /* workers: a new task; caller: all finished */
-    pthread_t *workers;
+    _Alignas(64) atomic_uint taking;    /* futex word: threads 0..taking-1 take chunks */
+    /* the pass (see above) */
+    _Alignas(64) uint32_t base; /* sequence number of its call 0 */
+    int n_calls;
+    nc_begin_fn begin;
+    nc_chunk_fn run;
+    void *ctx;
+    /* how many threads take chunks: fewer until hold_until after a stall (see above) */
+    _Atomic uint64_t hold_until;
+    pthread_mutex_t control; /* over these: */
+    uint64_t backoff, last_contention;
+    long preemptions;
+    int small_calls; /* the calling thread's: the last pass's calls were too short to share */
+    /* fixed at creation */
+    int n_threads, active, spins;
+    struct worker *workers;
 };
 
-struct worker_arg {
+struct worker {
     nc_pool *pool;
     int index;
+    pthread_t thread;
 };
 
-static void wait_for(nc_pool *p, atomic_uint *word, unsigned value, int until_equal)
+static inline uint32_t seq_of(uint64_t w) { return (uint32_t)(w >> 32); }
+static inline unsigned chunks_of(uint64_t w) { return (unsigned)(w >> 16) & 0xffffu; }
+static inline unsigned next_of(uint64_t w) { return (unsigned)w & 0xffffu; }
+static inline uint64_t pack(uint32_t seq, unsigned chunks) { return (uint64_t)seq << 32 | (uint64_t)chunks << 16; }
+static inline int min_int(int a, int b) { return a < b ? a : b; }
+
+static inline void relax(void)
 {
-    for (int i = 0; i < NC_SPINS; ++i) {
-        unsigned now = atomic_load_explicit(word, memory_order_acquire);
-        if (until_equal ? now == value : now != value)
-            return;
-#if defined(__x86_64__)
-        __builtin_ia32_pause();
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
 #endif
-    }
-    pthread_mutex_lock(&p->lock);
-    atomic_fetch_add(&p->sleepers, 1);
-    while (until_equal ? atomic_load(word) != value : atomic_load(word) == value)
-        pthread_cond_wait(&p->wake, &p->lock);
-    atomic_fetch_sub(&p->sleepers, 1);
-    pthread_mutex_unlock(&p->lock);
 }
 
-static void wake_all(nc_pool *p)
+/* A cheap clock for comparing durations (the TSC runs at a constant rate on every core). */
+static inline uint64_t ticks(void)
 {
-    if (atomic_load(&p->sleepers) > 0) {
-        pthread_mutex_lock(&p->lock);
-        pthread_cond_broadcast(&p->wake);
-        pthread_mutex_unlock(&p->lock);
+#if defined(__x86_64__) || defined(__i386__)
+    return __builtin_ia32_rdtsc();
+#else
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+#endif
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* Times the operating system took a core from a thread of this process. */
+static long preemptions(void)
+{
+    struct rusage u;
+    return getrusage(RUSAGE_SELF, &u) == 0 ? u.ru_nivcsw : 0;
+}
+
+#if defined(__linux__)
+static void futex_wait(atomic_uint *word, unsigned value)
+{
+    syscall(SYS_futex, (unsigned *)word, FUTEX_WAIT_PRIVATE, value, NULL, NULL, 0);
+}
+static void futex_wake(atomic_uint *word, int n)
+{
+    syscall(SYS_futex, (unsigned *)word, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
+}
+#else /* no futex: sleeping threads poll, yielding the core */
+static void futex_wait(atomic_uint *word, unsigned value) { (void)word, (void)value, sched_yield(); }
+static void futex_wake(atomic_uint *word, int n) { (void)word, (void)n; }
+#endif
+
+static int clamp_chunks(int n) { return n < 1 ? 1 : n > NC_MAX_CHUNKS ? NC_MAX_CHUNKS : n; }
+
+/* Publishes call `seq` with `chunks` chunks (0: the pass has finished) and wakes the sleepers
+ * it has work for: one fewer than its chunks (the opener takes one), one per other thread that
+ * may take chunks and per other core. A sleeping caller is always woken: it must hear of the
+ * end, and it is the one thread sure to take chunks (the opener may just have been told not to). */
+static void open_call(nc_pool *p, uint32_t seq, unsigned chunks)
+{
+    atomic_store_explicit(&p->opened_at, ticks(), memory_order_relaxed);
+    atomic_store_explicit(&p->work, pack(seq, chunks), memory_order_release);
+    atomic_store(&p->opened, seq);
+    if (atomic_load(&p->sleepers) == 0)
+        return;
+    int wake = 0;
+    if (atomic_load(&p->caller_sleeps)) {
+        wake = INT_MAX;
+    } else if (chunks > 0) {
+        int helpers = min_int((int)atomic_load_explicit(&p->taking, memory_order_relaxed), p->active) - 1;
+        wake = min_int((int)chunks - 1, helpers);
+    }
+    if (wake > 0)
+        futex_wake(&p->opened, wake);
+}
+
+static void note_stall(nc_pool *p);
+
+/* A thread's chunks of the call it took chunks of last: the yardstick for its wait. */
+struct mine {
+    uint32_t seq;
+    unsigned chunks;
+    uint64_t since; /* ticks() at the first */
+};
+
+/* Returns once the call after the one in `w` has opened (or the pool stops): spin, then sleep. */
+static void wait_for_next(nc_pool *p, uint64_t w, int caller, const struct mine *me)
+{
+    uint32_t seq = seq_of(w);
+    uint64_t start = ticks(), opened_at = atomic_load_explicit(&p->opened_at, memory_order_relaxed);
+    uint64_t yardstick = me->seq == seq && me->chunks ? (start - me->since) / me->chunks : start - opened_at;
+    for (int i = 0; i < p->spins; ++i) {
+        if (seq_of(atomic_load_explicit(&p->work, memory_order_relaxed)) != seq ||
+            atomic_load_explicit(&p->stop, memory_order_relaxed))
+            return;
+        relax();
+    }
+    if (caller)
+        atomic_store(&p->caller_sleeps, 1);
+    atomic_fetch_add(&p->sleepers, 1);
+    /* `opened` is stored just after `work`: a lagging value only sends us round once more */
+    while (atomic_load(&p->opened) == seq && !atomic_load(&p->stop))
+        futex_wait(&p->opened, seq);
+    atomic_fetch_sub(&p->sleepers, 1);
+    if (caller)
+        atomic_store(&p->caller_sleeps, 0);
+    /* inside a pass, far longer than a chunk takes: a thread holding one was descheduled */
+    if (chunks_of(w) > 0 && ticks() - start > NC_STALL * yardstick)
+        note_stall(p);
+}
+
+/* Runs a claimed chunk; the thread that finishes a call's last chunk opens the next call. */
+static void run_chunk(nc_pool *p, uint32_t seq, unsigned chunk, unsigned chunks)
+{
+    int call = (int)(seq - p->base);
+    p->run(p->ctx, call, (int)chunk, (int)chunks);
+    if (atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel) + 1 != chunks)
+        return;
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed); /* published by open_call */
+    int next = call + 1;
+    int next_chunks = clamp_chunks(p->begin(p->ctx, next));
+    open_call(p, seq + 1, next < p->n_calls ? (unsigned)next_chunks : 0);
+}
+
+/* Takes chunks until the pass that finishes at sequence number `end` has (the caller, index 0),
+ * or until the pool stops or this worker may no longer take chunks. */
+static void take_chunks(nc_pool *p, int index, uint32_t end)
+{
+    struct mine me = {0, 0, 0};
+    for (;;) {
+        uint64_t w = atomic_load_explicit(&p->work, memory_order_acquire);
+        if (index == 0 ? seq_of(w) == end
+                       : atomic_load_explicit(&p->stop, memory_order_relaxed) ||
+                             index >= (int)atomic_load_explicit(&p->taking, memory_order_relaxed))
+            return;
+        if (next_of(w) >= chunks_of(w)) {
+            wait_for_next(p, w, index == 0, &me);
+            continue;
+        }
+        w = atomic_fetch_add_explicit(&p->work, 1, memory_order_acq_rel);
+        if (next_of(w) >= chunks_of(w))
+            continue; /* another thread took the last one first */
+        if (seq_of(w) != me.seq || me.chunks == 0)
+            me = (struct mine){seq_of(w), 0, ticks()};
+        me.chunks += 1;
+        run_chunk(p, seq_of(w), next_of(w), chunks_of(w));
     }
 }
 
 static void *worker_main(void *arg)
 {
-    struct worker_arg *w = arg;
-    nc_pool *p = w->pool;
-    int index = w->index;
-    free(w);
-    unsigned seen = 0;
-    for (;;) {
-        wait_for(p, &p->generation, seen, 0);
-        seen = atomic_load(&p->generation);
-        if (atomic_load(&p->stop))
-            return NULL;
-        p->fn(p->ctx, index, p->n_threads);
-        if (atomic_fetch_add(&p->finished, 1) + 1 == (unsigned)p->n_threads - 1) {
-            pthread_mutex_lock(&p->lock); /* the caller may be asleep waiting for the last one */
-            pthread_cond_broadcast(&p->wake);
-            pthread_mutex_unlock(&p->lock);
-        }
+    struct worker *self = arg;
+    nc_pool *p = self->pool;
+    while (!atomic_load(&p->stop)) {
+        unsigned taking = atomic_load(&p->taking);
+        if (self->index < (int)taking)
+            take_chunks(p, self->index, 0);
+        else
+            futex_wait(&p->taking, taking); /* until more threads may take chunks */
     }
+    return NULL;
+}
+
+/* How many threads take chunks: lowered by note_stall, raised by the caller between passes. */
+static void set_taking(nc_pool *p, int n)
+{
+    unsigned before = atomic_exchange(&p->taking, (unsigned)n);
+    if ((unsigned)n > before)
+        futex_wake(&p->taking, INT_MAX);
+}
+
+/* After a stall inside a pass: if the process was preempted since the last look, fewer threads
+ * take chunks, from now until the back-off time has passed. */
+static void note_stall(nc_pool *p)
+{
+    if (pthread_mutex_trylock(&p->control) != 0)
+        return; /* another thread is looking */
+    long seen = preemptions();
+    if (seen != p->preemptions) {
+        p->preemptions = seen;
+        uint64_t now = now_ns();
+        if (now - p->last_contention > 2 * NC_BACKOFF_MAX_NS)
+            p->backoff = NC_BACKOFF_MIN_NS;
+        else if (p->backoff < NC_BACKOFF_MAX_NS)
+            p->backoff *= 2;
+        p->last_contention = now;
+        atomic_store_explicit(&p->hold_until, now + p->backoff, memory_order_relaxed);
+        int taking = (int)atomic_load(&p->taking);
+        if (taking > 1)
+            set_taking(p, taking / 2);
+    }
+    pthread_mutex_unlock(&p->control);
+}
+
+static int usable_cpus(void)
+{
+#if defined(__linux__)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+        return CPU_COUNT(&set);
+#endif
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
 }
 
 nc_pool *nc_pool_create(int n_threads)
 {
     if (n_threads < 1)
         return NULL;
+    if (n_threads > NC_MAX_THREADS)
+        n_threads = NC_MAX_THREADS; /* any count gives the same results */
     nc_pool *p = calloc(1, sizeof *p);
     if (!p)
         return NULL;
-    p->n_threads = n_threads;
-    pthread_mutex_init(&p->lock, NULL);
-    pthread_cond_init(&p->wake, NULL);
     p->workers = calloc((size_t)n_threads, sizeof *p->workers);
-    for (int i = 1; p->workers && i < n_threads; ++i) {
-        struct worker_arg *w = malloc(sizeof *w);
-        w->pool = p;
-        w->index = i;
-        if (pthread_create(&p->workers[i], NULL, worker_main, w) != 0) {
-            free(w);
+    if (!p->workers) {
+        free(p);
+        return NULL;
+    }
+    int cpus = usable_cpus();
+    p->n_threads = n_threads;
+    p->active = min_int(n_threads, cpus);
+    p->spins = n_threads <= cpus ? NC_SPINS : NC_SPINS_CROWDED;
+    pthread_mutex_init(&p->control, NULL);
+    p->backoff = NC_BACKOFF_MIN_NS;
+    p->preemptions = preemptions();
+    atomic_store(&p->taking, (unsigned)n_threads);
+    for (int i = 1; i < n_threads; ++i) {
+        p->workers[i].pool = p;
+        p->workers[i].index = i;
+        if (pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]) != 0) {
             p->n_threads = i; /* run with the workers that started */
             break;
         }
@@ -104,33 +334,56 @@ nc_pool *nc_pool_create(int n_threads)
 
 int nc_pool_threads(const nc_pool *p) { return p ? p->n_threads : 1; }
 
-void nc_pool_run(nc_pool *p, nc_task fn, void *ctx)
+int nc_pool_chunks(const nc_pool *p, int64_t extent)
 {
-    if (!p || p->n_threads == 1) {
-        fn(ctx, 0, 1);
-        return;
-    }
-    p->fn = fn;
-    p->ctx = ctx;
-    atomic_store(&p->finished, 0);
-    atomic_fetch_add(&p->generation, 1);
-    wake_all(p);
-    fn(ctx, 0, p->n_threads);
-    wait_for(p, &p->finished, (unsigned)(p->n_threads - 1), 1);
+    if (!p || p->n_threads == 1 || extent <= 1)
+        return 1;
+    int64_t most = (int64_t)NC_CHUNKS_PER_THREAD * p->active;
+    return clamp_chunks((int)(extent < most ? extent : most));
 }
 
-void nc_pool_barrier(nc_pool *p)
+/* Every call on the calling thread, each as one chunk: no other thread is involved. */
+static void run_alone(int n_calls, nc_begin_fn begin, nc_chunk_fn run, void *ctx)
 {
-    if (!p || p->n_threads == 1)
-        return;
-    unsigned gen = atomic_load(&p->bar_gen);
-    if (atomic_fetch_add(&p->bar_count, 1) + 1 == (unsigned)p->n_threads) {
-        atomic_store(&p->bar_count, 0);
-        atomic_fetch_add(&p->bar_gen, 1);
-        wake_all(p);
-    } else {
-        wait_for(p, &p->bar_gen, gen, 0);
+    for (int call = 0; call < n_calls; ++call) {
+        begin(ctx, call);
+        run(ctx, call, 0, 1);
     }
+    begin(ctx, n_calls);
+}
+
+void nc_pool_run(nc_pool *p, int n_calls, nc_begin_fn begin, nc_chunk_fn run, void *ctx)
+{
+    if (n_calls < 1 || !p || p->n_threads == 1) {
+        run_alone(n_calls < 0 ? 0 : n_calls, begin, run, ctx);
+        return;
+    }
+    int taking = (int)atomic_load(&p->taking);
+    if (taking < p->n_threads && now_ns() >= atomic_load_explicit(&p->hold_until, memory_order_relaxed)) {
+        pthread_mutex_lock(&p->control); /* the back-off is over: try twice as many threads */
+        taking = min_int(2 * (int)atomic_load(&p->taking), p->n_threads);
+        p->preemptions = preemptions();
+        set_taking(p, taking);
+        pthread_mutex_unlock(&p->control);
+    }
+    uint64_t start = now_ns();
+    if (taking == 1 || p->small_calls) {
+        run_alone(n_calls, begin, run, ctx);
+        if (now_ns() - start > NC_GRAIN_SHARE_NS * (uint64_t)n_calls)
+            p->small_calls = 0;
+        return;
+    }
+    /* the previous pass has finished: no thread holds a chunk, so none reads these */
+    uint32_t base = seq_of(atomic_load_explicit(&p->work, memory_order_acquire)) + 1;
+    p->base = base;
+    p->n_calls = n_calls;
+    p->begin = begin;
+    p->run = run;
+    p->ctx = ctx;
+    open_call(p, base, (unsigned)clamp_chunks(begin(ctx, 0)));
+    take_chunks(p, 0, base + (uint32_t)n_calls);
+    if (now_ns() - start < NC_GRAIN_ALONE_NS * (uint64_t)n_calls)
+        p->small_calls = 1;
 }
 
 void nc_pool_destroy(nc_pool *p)
@@ -138,14 +391,13 @@ void nc_pool_destroy(nc_pool *p)
     if (!p)
         return;
     atomic_store(&p->stop, 1);
-    atomic_fetch_add(&p->generation, 1);
-    pthread_mutex_lock(&p->lock);
-    pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->lock);
+    atomic_fetch_add(&p->opened, 1);
+    futex_wake(&p->opened, INT_MAX);
+    atomic_fetch_add(&p->taking, 1);
+    futex_wake(&p->taking, INT_MAX);
     for (int i = 1; i < p->n_threads; ++i)
-        pthread_join(p->workers[i], NULL);
-    pthread_cond_destroy(&p->wake);
-    pthread_mutex_destroy(&p->lock);
+        pthread_join(p->workers[i].thread, NULL);
+    pthread_mutex_destroy(&p->control);
     free(p->workers);
     free(p);
 }

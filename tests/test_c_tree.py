@@ -1,5 +1,6 @@
 """The generated source tree as a C developer uses it: generate, build with CMake, run the C
 driver (also under AddressSanitizer and UndefinedBehaviorSanitizer), and agree with Python."""
+import os
 import re
 import subprocess
 import sys
@@ -22,7 +23,6 @@ def tiny_tree(tmp_path_factory):
     cfg = tiny_config(hidden=36, heads=6, kv_heads=2, head_dim=6, ffn=50, layers=2, vocab=300)
     gguf = write_gguf(d / "tiny.gguf", cfg, random_weights(cfg, seed=11), quantize=False)
     env_cache = {"NANOCOMPILE_CACHE": str(d / "cache")}
-    import os
     r = subprocess.run([sys.executable, "-m", "nanocompile.generate", "-m", str(gguf), "--out", str(d / "src")],
                        capture_output=True, text=True, env={**os.environ, **env_cache})
     assert r.returncode == 0, r.stderr
@@ -33,9 +33,11 @@ def _driver(build_dir):
     return next(p for p in build_dir.iterdir() if p.name.endswith("_driver"))
 
 
-def _run_driver(build_dir, weights, steps=6, tokens=(5, 17, 42, 7)):
+def _run_driver(build_dir, weights, steps=6, tokens=(5, 17, 42, 7), threads=None):
+    """threads: NANOCOMPILE_THREADS, the thread count before the prompt and each step, cycled."""
+    env = {**os.environ, "NANOCOMPILE_THREADS": threads} if threads else None
     r = subprocess.run([str(_driver(build_dir)), str(weights), str(steps), *map(str, tokens)],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     return r.stdout.splitlines()
 
@@ -69,16 +71,26 @@ def test_tree_builds_and_the_driver_agrees_with_python_bitwise(tiny_tree, monkey
     assert [re.sub(r" sum .*", "", line) for line in lines] == expected
 
 
+SANITIZED_THREADS = (1, 2, 3, 8)  # test_schedules' thread counts, each one also running the prompt
+PROMPT = (5, 17, 42, 7, 99, 3, 250, 11, 64, 8, 120, 31)
+
+
 def test_sanitizer_build_runs_clean(tiny_tree):
+    """AddressSanitizer and UndefinedBehaviorSanitizer over the library and its thread pool: the
+    pool resized before every step, the prompt run at each thread count once."""
     d, _ = tiny_tree
     build = d / "build-asan"
     cmake_build(d / "src", build, {"CMAKE_BUILD_TYPE": "Debug", "NANOCOMPILE_SANITIZE": "ON"})
     flags = (build / "CMakeCache.txt").read_text()
     assert "NANOCOMPILE_SANITIZE:BOOL=ON" in flags
-    asan = _run_driver(build, d / "src" / "weights.bin", steps=10)
     release = d / "build"
-    if release.exists():
-        assert asan == _run_driver(release, d / "src" / "weights.bin", steps=10)
+    if not release.exists():
+        cmake_build(d / "src", release)
+    want = _run_driver(release, d / "src" / "weights.bin", steps=10, tokens=PROMPT)
+    n = len(SANITIZED_THREADS)
+    for i in range(n):
+        threads = ",".join(str(SANITIZED_THREADS[(i + j) % n]) for j in range(n))
+        assert _run_driver(build, d / "src" / "weights.bin", steps=10, tokens=PROMPT, threads=threads) == want
 
 
 def test_driver_refuses_a_weights_file_for_another_model(tiny_tree, tmp_path):

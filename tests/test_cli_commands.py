@@ -168,6 +168,20 @@ def test_same_seed_same_text_on_a_tiny_model(tiny):
     assert a.stdout == b.stdout and "seed 7" in a.stderr
 
 
+def test_more_threads_than_cores_is_allowed_with_a_warning(tiny):
+    path, env = tiny
+    cores = len(os.sched_getaffinity(0))
+    args = ("run", "-q", "-m", path, "--prompt-ids", "5 17 42", "-n", "24", "--ids", "--temp", "0")
+    one, many = nc(*args, "-t", "1", env=env), nc(*args, "-t", str(cores + 3), env=env)
+    assert many.stdout == one.stdout  # the same tokens, bitwise logits, on a pool that has to share cores
+    warnings = [line for line in many.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [f"warning: -t {cores + 3} is more threads than the {cores} cores this process can use; "
+                        f"they will take turns on them"]
+    assert not [line for line in one.stderr.splitlines() if line.startswith("warning:")]
+    bench = nc("bench", "-m", path, "-p", "8", "-n", "4", "-r", "1", "-t", f"1,{cores + 1}", "-q", env=env)
+    assert f"warning: -t {cores + 1} is more threads than the {cores} cores" in bench.stderr
+
+
 # chat ---------------------------------------------------------------------------------------------
 
 @pytest.mark.c

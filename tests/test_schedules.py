@@ -78,7 +78,8 @@ def test_model_bitwise_at_every_thread_count_and_when_it_changes():
 @pytest.mark.levels
 def test_thread_sanitizer_build_changing_threads_between_steps(tmp_path):
     """The tiny model's library built with -fsanitize=thread; the C driver resizes the pool
-    before every step. ThreadSanitizer exits non-zero on a data race."""
+    before every step, and each of THREADS runs the prompt once. ThreadSanitizer exits non-zero
+    on a data race."""
 
     cfg = tiny_config()
     module = compile_model(cfg)
@@ -86,12 +87,16 @@ def test_thread_sanitizer_build_changing_threads_between_steps(tmp_path):
     pack_weights(module, random_weights(cfg, seed=1), tmp_path / "weights.bin")
     cmake_build(tmp_path / "src", tmp_path / "tsan", {"CMAKE_BUILD_TYPE": "Debug", "NANOCOMPILE_TSAN": "ON"})
     driver = next(p for p in (tmp_path / "tsan").iterdir() if p.name.endswith("_driver"))
-    env = {"NANOCOMPILE_THREADS": "2,3,1,4", "TSAN_OPTIONS": "halt_on_error=1 exitcode=66"}
-    r = subprocess.run([str(driver), str(tmp_path / "weights.bin"), "8"], capture_output=True, text=True, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "WARNING: ThreadSanitizer" not in r.stderr
-    single = subprocess.run([str(driver), str(tmp_path / "weights.bin"), "8"], capture_output=True, text=True)
-    assert r.stdout == single.stdout  # the same logits, bit for bit, whatever the threads
+    run = [str(driver), str(tmp_path / "weights.bin"), "12", *map(str, range(3, 40, 3))]
+    single = subprocess.run(run, capture_output=True, text=True)
+    assert single.returncode == 0, single.stderr[-3000:]
+    for i in range(len(THREADS)):
+        order = THREADS[i:] + THREADS[:i]
+        env = {"NANOCOMPILE_THREADS": ",".join(map(str, order)), "TSAN_OPTIONS": "halt_on_error=1 exitcode=66"}
+        r = subprocess.run(run, capture_output=True, text=True, env=env)
+        assert r.returncode == 0, (order, r.stderr[-3000:])
+        assert "WARNING: ThreadSanitizer" not in r.stderr
+        assert r.stdout == single.stdout  # the same logits, bit for bit, whatever the threads
 
 
 # vector code, packing, split and reorder ---------------------------------------------------------

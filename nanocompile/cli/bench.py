@@ -14,7 +14,7 @@ import sys
 import time
 
 from ..errors import NanocompileError
-from .common import add_model_flags, check_precision, int_list, set_blas_threads
+from .common import add_model_flags, check_precision, int_list, set_blas_threads, warn_if_oversubscribed
 
 
 def _pp(session, tokens) -> float:
@@ -57,6 +57,7 @@ def cmd_bench(args) -> int:
         raise NanocompileError("-p and -n take sizes >= 0")
     if any(t < 1 for t in args.threads):
         raise NanocompileError(f"threads must be at least 1, got {args.threads}")
+    warn_if_oversubscribed(max(args.threads))
     if args.repetitions < 1:
         raise NanocompileError(f"-r must be at least 1, got {args.repetitions}")
     model = load_model(args.model, progress=not args.quiet)

@@ -19,6 +19,22 @@ def positive_threads(value: str) -> int:
     return n
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def warn_if_oversubscribed(threads: int) -> None:
+    """More threads than cores is allowed (the pool keeps going); say that they will share."""
+    cores = usable_cores()
+    if threads > cores:
+        print(f"warning: -t {threads} is more threads than the {cores} cores this process can use; "
+              f"they will take turns on them", file=sys.stderr)
+
+
 def int_list(value: str) -> list[int]:
     """llama-bench's lists: 1,2,4 or a single number."""
     try:
@@ -79,6 +95,7 @@ def open_model(args, n_ctx: int | None):
     """The API's Model for the model flags; n_ctx None: 4096 or the model's maximum if smaller."""
     from ..api import Model
 
+    warn_if_oversubscribed(getattr(args, "threads", 2))
     return Model(args.model, n_ctx=n_ctx, n_threads=getattr(args, "threads", 2), precision=args.precision,
                  backend=args.backend, seed=getattr(args, "seed", -1), progress=not args.quiet)
 
