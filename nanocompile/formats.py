@@ -23,7 +23,11 @@ unpack, dequantize and pack read only those tables, so adding a format is adding
 The arithmetic of dequantize is the `gguf` library's (and ggml's C reference's): the product
 scale[s] * (q_j - offset) rounded to float32, then min[s] subtracted and rounded again.
 Q4_1/Q5_1 store the min that ggml adds (w = d*q + m); here min = -m, and x - (-m) is x + m in
-IEEE arithmetic, bit for bit.
+IEEE arithmetic, bit for bit. For every format with a float16 super-scale the product itself is
+exact (`product_is_exact`: 11 bits times |k_s * (q_j - offset)| <= 2**12 fit 24), so w_j is the
+float32 nearest the exact value, rounded once: a kernel that computes the product in any order,
+or fuses the subtraction into an FMA, gets the same bits. Q8_K (float32 d times q) rounds its
+product once and has no min: also one rounding.
 """
 from __future__ import annotations
 
@@ -297,6 +301,8 @@ def _check(fmt: BlockFormat) -> None:
         fail(f"fields {ends} do not tile the {fmt.nbytes}-byte block")
     names = {f.name: f for f in fmt.fields}
     for ints, bits in _stacked_ints(fmt):
+        if not 1 <= bits <= 8:  # unpack assembles them in uint8
+            fail(f"{bits}-bit integers: quants and sub-scales of 1 to 8 bits are supported")
         for parts in ints:
             if sum(p.width for p in parts) != bits or any(p.lshift + p.width > bits for p in parts):
                 fail(f"bit parts {parts} do not make a {bits}-bit integer")
@@ -319,6 +325,23 @@ def _check(fmt: BlockFormat) -> None:
             # inside float32's normal range
             if f.dtype != "f16" or FLOAT16_SIGNIFICAND_BITS + largest.bit_length() > FLOAT32_SIGNIFICAND_BITS:
                 fail(f"{rule.super} * sub-scale (up to {largest}) is not exact in float32")
+
+
+def quant_range(fmt: BlockFormat) -> range:
+    """The values q_j - offset takes."""
+    low, high = (-(1 << (fmt.bits - 1)), 1 << (fmt.bits - 1)) if fmt.signed else (0, 1 << fmt.bits)
+    return range(low - fmt.offset, high - fmt.offset)
+
+
+def product_is_exact(fmt: BlockFormat) -> bool:
+    """Whether scale[s] * (q_j - offset) is exact in float32 for every block (see the module's
+    docstring): the super-scale's significand and the integer k_s * (q_j - offset) fit 24 bits."""
+    largest_k = max(abs(k) for k in _sub_range(fmt.scale)) if fmt.scale.sub else 1
+    largest_q = max(abs(q) for q in quant_range(fmt))
+    super_bits = FLOAT16_SIGNIFICAND_BITS if fmt.field(fmt.scale.super).dtype == "f16" else FLOAT32_SIGNIFICAND_BITS
+    # every |k * (q - offset)| <= n has at most (n - 1).bit_length() significant bits (n itself
+    # too when it is a power of two, as Q6_K's 128 * 32 is)
+    return super_bits + (largest_k * largest_q - 1).bit_length() <= FLOAT32_SIGNIFICAND_BITS
 
 
 def _sub_range(rule: ScaleRule) -> range:
@@ -495,24 +518,22 @@ def pack(fmt: BlockFormat, u: Unpacked) -> np.ndarray:
 
 
 def check_finite_scales(fmt: BlockFormat, raw: np.ndarray, tensor_name: str) -> None:
-    """ModelError naming the tensor, the block and the value if a stored float scale (d, dmin,
-    m) is NaN or infinite. raw: [..., nbytes]; the block index is given in raw's leading axes."""
+    """ModelError naming the tensor, the first block and its value if a stored float scale (d,
+    dmin, m) is NaN or infinite. raw: [..., nbytes] or rows of whole blocks; the block is named
+    by its row and place in the row when raw has rows."""
     raw = np.asarray(raw)
     blocks = as_blocks(fmt, raw)
-    lead = raw.shape[:-1] if raw.ndim > 1 else (blocks.shape[0],)
-    for f in fmt.fields:
-        if f.dtype not in FLOAT_DTYPES:
-            continue
-        value = _value(blocks, f)
-        bad = ~np.isfinite(value)
-        if bad.any():
-            first = int(np.flatnonzero(bad.any(axis=1))[0])
-            index = tuple(int(i) for i in np.unravel_index(first, lead))
-            where = ", ".join(f"{axis} {i}" for axis, i in zip(_axis_names(len(index)), index))
-            raise ModelError(f"tensor {tensor_name}: {fmt.name} block at {where} has {f.name} = "
-                             f"{value[first][bad[first]][0]} ({int(bad.any(axis=1).sum())} block(s) with a non-finite "
-                             f"{f.name})")
-
-
-def _axis_names(n: int) -> tuple[str, ...]:
-    return ("block",) if n == 1 else ("row", "block") if n == 2 else tuple(f"axis {i}" for i in range(n))
+    lead, per_row = raw.shape[:-1], raw.shape[-1] // fmt.nbytes
+    shape = (*lead, per_row) if per_row > 1 or not lead else lead
+    scales = [(f.name, _value(blocks, f)[:, 0]) for f in fmt.fields if f.dtype in FLOAT_DTYPES]
+    bad = np.zeros(blocks.shape[0], bool)
+    for _, value in scales:
+        bad |= ~np.isfinite(value)
+    if not bad.any():
+        return
+    first = int(np.flatnonzero(bad)[0])
+    name, value = next((n, v[first]) for n, v in scales if not np.isfinite(v[first]))
+    index = [int(i) for i in np.unravel_index(first, shape)]
+    where = f"row {index[0]}, block {index[1]}" if len(index) == 2 else f"block {index if len(index) > 1 else first}"
+    raise ModelError(f"tensor {tensor_name}: {where} ({fmt.name}) has {name} = {value}; {int(bad.sum())} block(s) "
+                     f"have a non-finite scale")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import itertools
+from fractions import Fraction
 from pathlib import Path
 
 import gguf
@@ -214,7 +215,9 @@ def broken(fmt: BlockFormat, **changes) -> BlockFormat:
     (broken(formats.Q4_0, nbytes=19), "do not tile"),
     (broken(formats.Q4_K, scale=dataclasses.replace(formats.Q4_K.scale, bits=14,
                                                     sub=tuple((BitPart("scales", 0, 0, 8), BitPart("scales", 1, 0, 6, 8))
-                                                              for _ in range(8)))), "not exact in float32"),
+                                                              for _ in range(8)))), "14-bit integers"),
+    (broken(formats.Q8_K, scale=ScaleRule("d", ((BitPart("qs", 0, 0, 8),),), bits=8)),  # float32 d * k
+     "not exact in float32"),
     (broken(formats.Q4_K, scale=dataclasses.replace(formats.Q4_K.scale, sub=formats.Q4_K.scale.sub[:4])),
      "4 sub-scales for 8"),
 ])
@@ -271,6 +274,48 @@ def test_q8_k_block_sums_are_ggmls():
     assert np.array_equal(u.values["bsums"], sums)
 
 
+FLOAT32_OVERFLOW = Fraction(2 ** 128 - 2 ** 103)  # float32's largest plus half its last step: rounds to inf
+
+
+def nearest_float32(x: Fraction) -> np.float32:
+    """The float32 nearest x, ties to even, decided exactly (float(x) then float32 may round twice)."""
+    if abs(x) >= FLOAT32_OVERFLOW:
+        return np.float32(np.inf if x > 0 else -np.inf)
+    with np.errstate(over="ignore"):
+        guess = np.float32(float(x))
+    candidates = [c for c in (np.nextafter(guess, np.float32(-np.inf)), guess, np.nextafter(guess, np.float32(np.inf)))
+                  if np.isfinite(c)]
+    return min(candidates, key=lambda c: (abs(Fraction(float(c)) - x), int(np.array(c).view(np.uint32)) & 1))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("fmt", ALL, ids=lambda f: f.name)
+def test_every_weight_is_its_exact_value_rounded_once(fmt, kind):
+    """An oracle that is neither gguf nor ggml: w_j is the float32 nearest the exact real
+    sign * super * k_s * (q_j - offset) - sign * super_min * m_s (computed in fractions), so any
+    kernel that rounds once (an FMA, or an exact product then a subtraction) agrees bit for bit.
+    (The product is exact in float32 for every format but Q8_K: product_is_exact.)"""
+    raw = blocks_of(kind, fmt)
+    got = dequantize(fmt, raw).reshape(-1, fmt.block)
+    u = unpack(fmt, raw)
+    rng = np.random.default_rng(2)
+    for b, j in zip(rng.integers(0, len(raw), 1500), rng.integers(0, fmt.block, 1500)):
+        s = j // fmt.sub
+
+        def factor(rule, k):
+            sign = -1 if rule.negate else 1
+            return sign * Fraction(float(u.values[rule.super][b, 0])) * int(k[b, s])
+
+        exact = factor(fmt.scale, u.sub_scale) * (int(u.q[b, j]) - fmt.offset)
+        if fmt.min is not None:
+            exact -= factor(fmt.min, u.sub_min)
+        if exact == 0:  # the sign of a zero follows IEEE rules the bitwise tests above cover
+            assert got[b, j] == 0, (b, j)
+        else:
+            assert bitwise_equal(got[b, j], nearest_float32(exact)), (b, j, exact)
+    assert formats.product_is_exact(fmt) == (fmt.name != "Q8_K")
+
+
 # --- pack, and the finite check ------------------------------------------------------------
 
 @pytest.mark.parametrize("fmt", ALL, ids=lambda f: f.name)
@@ -302,9 +347,14 @@ def test_check_finite_scales_names_the_tensor_and_block(fmt, bad):
             continue
         broken_raw = raw.copy()
         broken_raw[2, 1, f.offset:f.offset + f.nbytes] = np.array([bad], FLOAT_BITS[f.dtype][1]).view(np.uint8)
-        with pytest.raises(ModelError, match=rf"tensor 'blk.0.ffn_up.weight': {fmt.name} block at row 2, block 1 "
-                                             rf"has {f.name} = -?{str(bad).lstrip('-')}"):
+        value = rf"has {f.name} = -?{str(bad).lstrip('-')}"
+        with pytest.raises(ModelError, match=rf"tensor 'blk.0.ffn_up.weight': row 2, block 1 \({fmt.name}\) "
+                                             + value + "; 1 block"):
             check_finite_scales(fmt, broken_raw, "'blk.0.ffn_up.weight'")
+        with pytest.raises(ModelError, match=rf"row 2, block 1 \({fmt.name}\) {value}"):  # rows of bytes, as stored
+            check_finite_scales(fmt, broken_raw.reshape(3, -1), "x")
+        with pytest.raises(ModelError, match=rf"block 9 \({fmt.name}\) {value}"):  # a flat buffer
+            check_finite_scales(fmt, broken_raw.reshape(-1), "x")
 
 
 def test_raw_bytes_must_be_whole_blocks():
@@ -340,8 +390,8 @@ def test_weight_source_refuses_a_non_finite_scale(tmp_path, isolated_cache):
     data[block:block + 2] = np.array([np.inf], np.float16).tobytes()
     path.write_bytes(bytes(data))
     weights = load_model(path, progress=False).weights
-    with pytest.raises(ModelError, match=r"tensor 'blk.1.ffn_down.weight' in .*q.gguf: Q8_0 block at row 5, block 2 "
-                                         r"has d = inf"):
+    with pytest.raises(ModelError, match=r"tensor 'blk.1.ffn_down.weight' in .*q.gguf: row 5, block 2 \(Q8_0\) has "
+                                         r"d = inf"):
         weights.blocks("model.layers.1.mlp.down_proj.weight")
 
 
