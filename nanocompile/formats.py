@@ -111,7 +111,7 @@ class BlockFormat:
     def field(self, name: str) -> Field:
         return next(f for f in self.fields if f.name == name)
 
-    def __repr__(self) -> str:  # the full description is long: the tables print it
+    def __repr__(self) -> str:  # the full description (hundreds of bit parts) would drown a message
         return f"BlockFormat({self.name}, type {self.ggml_type}, {self.block} weights in {self.nbytes} bytes)"
 
 
