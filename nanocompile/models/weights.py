@@ -13,12 +13,20 @@ converted, and a non-finite weight is an error naming the tensor.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from ..cache import sources
 from ..errors import ModelError
+from ..formats import BlockFormat, check_finite_scales, format_named
+
+
+class StoredBlocks(NamedTuple):
+    """A tensor as its file stores it, for a precision that runs the file's own blocks."""
+    data: np.ndarray  # [rows, blocks per row, bytes per block]; [rows, bytes per row] if format is None
+    format: BlockFormat | None  # None: a type with no description in nanocompile.formats
+    type_name: str  # the ggml type's name: Q4_K, F32, ...
 
 
 class WeightSource(Mapping):
@@ -64,6 +72,23 @@ class WeightSource(Mapping):
         if self._raw is None:
             raise ModelError(f"{self.where}: its tensors have no stored form other than float32")
         return self._raw(name)
+
+    def blocks(self, name: str) -> StoredBlocks:
+        """The tensor's stored blocks with their format (nanocompile.formats), mapped from the file,
+        not converted. Unless this content is known finite, every block's float scales are checked
+        (a ModelError names the tensor and the block): finite scales are exactly finite weights
+        for these formats, since a non-finite scale times any quant, zero included, is not finite."""
+        type_name, rows = self.raw(name)
+        fmt = format_named(type_name)
+        if fmt is None:
+            return StoredBlocks(rows, None, type_name)
+        if rows.shape[1] % fmt.nbytes:
+            raise ModelError(f"{self.where}: tensor {self._label(name)} has {rows.shape[1]} bytes per row, not whole "
+                             f"{type_name} blocks of {fmt.nbytes} bytes")
+        data = rows.reshape(rows.shape[0], -1, fmt.nbytes)
+        if not self.known_finite:
+            check_finite_scales(fmt, data, f"{self._label(name)} in {self.where}")
+        return StoredBlocks(data, fmt, type_name)
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._kept:
