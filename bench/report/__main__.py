@@ -110,7 +110,10 @@ def main() -> None:
                  "accuracy_chunks": args.accuracy_chunks, "threads": args.threads and ints(args.threads),
                  "depths": args.depths and ints(args.depths), "prompts": args.prompts and ints(args.prompts)}
     plan = dataclasses.replace(plan, **{k: v for k, v in overrides.items() if v})
-    sequences(plan, plan.main_threads)  # an impossible depth chain fails here, before anything runs
+    try:
+        sequences(plan, plan.main_threads)  # an impossible depth chain fails here, before anything runs
+    except ValueError as e:
+        raise SystemExit(f"python -m bench.report: {e}") from None
     run = open_run(args.runs, plan.key(), dataclasses.asdict(plan), args.run_id, args.new)
     run.say(f"run {run.id} in {run.dir} ({sum(run.done(k) for k in run.records)} measurements recorded)")
 
