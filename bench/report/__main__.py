@@ -101,6 +101,8 @@ def main() -> None:
     ap.add_argument("--doc", type=Path, help="the report (default docs/BENCHMARKS.md; --quick: in the run directory)")
     ap.add_argument("--results", type=Path, help="the summary's JSONL (default bench/results.jsonl; --quick: the run's)")
     ap.add_argument("--note", action="append", default=[], help="a sentence for the top of the report (repeatable)")
+    ap.add_argument("--skip", default="", help="phases not to measure this time: speed,costs,accuracy (a later run "
+                    "with the same plan fills them in)")
     ap.add_argument("--report-only", action="store_true", help="write the report from what is recorded, measure nothing")
     args = ap.parse_args()
 
@@ -124,9 +126,12 @@ def main() -> None:
         if prepared is None:
             raise SystemExit(f"preparing the run failed: {run.records['prepare']['error']}")
         engines = [e for e in ENGINES if prepared["missing"][e.id] is None]
-        speed(run, plan, prepared, engines)
-        costs(run, plan, prepared, engines)
-        accuracy(run, plan, prepared, engines)
+        skip = set(filter(None, args.skip.split(",")))
+        if skip - {"speed", "costs", "accuracy"}:
+            raise SystemExit(f"python -m bench.report: --skip takes speed, costs, accuracy; got {args.skip}")
+        for name, phase in (("speed", speed), ("costs", costs), ("accuracy", accuracy)):
+            if name not in skip:
+                phase(run, plan, prepared, engines)
     elif not run.done("prepare"):
         raise SystemExit(f"run {run.id} has nothing recorded to report")
 
@@ -141,7 +146,7 @@ def main() -> None:
         append({"bench": "report", "run": run.id, "plan": dataclasses.asdict(plan), **summary},
                args.results or (run.dir / "results.jsonl" if plan.quick else RESULTS))
         run.put("appended", measured)
-    if not args.report_only and not summary["failures"]:
+    if not args.report_only and not summary["failures"] and not args.skip:
         run.put("finished", True)
     run.say(f"report written to {doc}")
 

@@ -32,6 +32,10 @@ def size(n: float) -> str:
     return f"{n / 2 ** 30:.2f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.1f} MiB"
 
 
+def threads(n: int) -> str:
+    return f"{n} thread" if n == 1 else f"{n} threads"
+
+
 def table(headers: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
@@ -62,13 +66,19 @@ def engine_rows(data: Data, threads: int, tests: list[str], cell) -> list[list[s
 def header(data: Data, run, notes: list[str]) -> list[str]:
     plan, m = data.plan, data.prepared["machine"]
     times = sorted(datetime.datetime.fromisoformat(t) for t in data.record_times)
-    worked = sum(r["result"]["process"]["seconds"] for r in run.records.values()
-                 if isinstance(r.get("result"), dict) and "process" in r["result"])
+    phases = {}
+    for key, r in run.records.items():
+        if isinstance(r.get("result"), dict) and "process" in r["result"]:
+            phase = key.split("/")[0]
+            phases[phase] = phases.get(phase, 0) + r["result"]["process"]["seconds"]
+    worked = sum(phases.values())
+    by_phase = ", ".join(f"{k} {v / 60:.1f}" for k, v in phases.items())
     loads = [r["result"]["process"]["loadavg"][0] for r in run.records.values()
              if isinstance(r.get("result"), dict) and "process" in r["result"]]
     out = ["# Benchmarks: nanocompile against llama.cpp and transformers", "",
            f"Written by `python -m bench.report{' --quick' if plan.quick else ''}` (run `{run.id}`, "
-           f"{times[0]:%Y-%m-%d %H:%M} to {times[-1]:%H:%M}; {worked / 60:.1f} minutes in engine processes). "
+           f"{times[0]:%Y-%m-%d %H:%M} to {times[-1]:%H:%M}; {worked / 60:.1f} minutes in engine processes: "
+           f"{by_phase}). "
            f"Model: {data.prepared['model_name']}. Every engine on the same weights, each in its own process, one "
            f"at a time (no two thread pools alive at once), the order rotating from round to round.", ""]
     status = list(notes)
@@ -96,10 +106,10 @@ def machine_section(data: Data) -> list[str]:
     rows = [["CPU", m.get("cpu", "?")], ["ISA level (what nanocompile compiles for)", m["isa_level"]],
             ["vector and matrix flags", " ".join(m.get("isa", []))], ["cores", str(m["cores"])]]
     for t, p in machine_probes(data).items():
-        rows += [[f"read bandwidth, {t} thread(s), GB/s", f"{spread(p['read_gb_s'])} ({p['n']} probes)"],
-                 [f"float32 multiply+add peak ({p['f32_vector']}), {t} thread(s), GFLOP/s",
+        rows += [[f"read bandwidth, {threads(t)}, GB/s", f"{spread(p['read_gb_s'])} ({p['n']} probes)"],
+                 [f"float32 multiply+add peak ({p['f32_vector']}), {threads(t)}, GFLOP/s",
                   spread(p["f32_mul_add_gflop_s"])],
-                 [f"int8 dot peak ({p['int8_kind']}), {t} thread(s), GMAC/s", spread(p["int8_dot_gmac_s"])]]
+                 [f"int8 dot peak ({p['int8_kind']}), {threads(t)}, GMAC/s", spread(p["int8_dot_gmac_s"])]]
     return ["## The machine", "",
             "Measured by bench/probe.c before and after the engines' turns in every round (median [min–max] "
             "over the probes); the rooflines below use each round's own probes.", "",
@@ -141,7 +151,7 @@ def speed_section(data: Data, plot_dir: str) -> list[str]:
         heads = []
         for test in (pp, tg):
             for x in (*others, t):
-                heads.append(f"{test}, {x} thread{'s' if x > 1 else ''}")
+                heads.append(f"{test}, {threads(x)}")
         rows = []
         for e in ENGINES:
             reason = absent(data, e.id)
@@ -150,8 +160,8 @@ def speed_section(data: Data, plot_dir: str) -> list[str]:
                 continue
             rows.append([data.label(e.id)] + [spread(engine_summary(data.speed, e.id, x, test))
                                               for test in (pp, tg) for x in (*others, t)])
-        out += ["### Threads", "", f"The same two tests at {', '.join(map(str, others))} thread(s) "
-                f"({plan.rounds_other_threads} rounds) beside {t}.", "", table(["engine"] + heads, rows), ""]
+        out += ["### Threads", "", f"The same two tests at {', '.join(threads(x) for x in others)} "
+                f"({plan.rounds_other_threads} rounds) beside {threads(t)}.", "", table(["engine"] + heads, rows), ""]
     return out
 
 
