@@ -16,7 +16,7 @@ from pathlib import Path
 from bench.common import RESULTS
 from bench.report.engines import ENGINES, FLOAT32, ORACLE
 from bench.report.jobs import ROOT, Run, job, open_run
-from bench.report.plan import FULL, QUICK, rotated, sequences
+from bench.report.plan import FULL, QUICK, sequences, speed_jobs
 
 
 def probe(run: Run, key: str, threads: int) -> None:
@@ -30,16 +30,13 @@ def probe(run: Run, key: str, threads: int) -> None:
 
 
 def speed(run: Run, plan, prepared: dict, engines: list) -> None:
-    for r in range(max(plan.rounds_at(t) for t in plan.threads)):
-        for t in plan.threads:
-            if r >= plan.rounds_at(t):
-                continue
-            probe(run, f"probe/t{t}/r{r}/before", t)
-            for e in rotated(engines, r):
-                spec = {"engine": e.id, "files": prepared["files"], "threads": t, "n_ctx": plan.n_ctx,
-                        "vocab": prepared["vocab"], "sequences": sequences(plan, t)}
-                job(run, f"speed/{e.id}/t{t}/r{r}", "speed", spec, t)
-            probe(run, f"probe/t{t}/r{r}/after", t)
+    for r, t, order in speed_jobs(plan, [e.id for e in engines]):
+        probe(run, f"probe/t{t}/r{r}/before", t)
+        for e in order:
+            spec = {"engine": e, "files": prepared["files"], "threads": t, "n_ctx": plan.n_ctx,
+                    "vocab": prepared["vocab"], "sequences": sequences(plan, t)}
+            job(run, f"speed/{e}/t{t}/r{r}", "speed", spec, t)
+        probe(run, f"probe/t{t}/r{r}/after", t)
 
 
 def costs(run: Run, plan, prepared: dict, engines: list) -> None:

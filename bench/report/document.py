@@ -10,7 +10,7 @@ from pathlib import Path
 from bench.report import plots
 from bench.report.collect import Data, collect, fractions, headline, machine_probes
 from bench.report.engines import ENGINES, FLOAT32, ORACLE
-from bench.report.plan import FULL, Plan
+from bench.report.plan import FULL, Plan, speed_jobs
 from bench.report.stats import engine_summary, paired_ratios
 
 DASH = "—"
@@ -95,6 +95,17 @@ def header(data: Data, run, notes: list[str]) -> list[str]:
                       f"max {max(loads):.1f}, on {m['cores']} cores" + (
                           " (more than our own threads: **timings taken on a loaded machine**, other work was "
                           "running beside them)." if busy else "."))
+    planned = [(e, t, r) for r, t, order in speed_jobs(plan, [e for e, why in data.prepared["missing"].items()
+                                                             if not why]) for e in order]
+    missing = {}
+    for e, t, r in planned:
+        if (e, t, r) not in data.speed:
+            missing.setdefault(f"round {r} at {threads(t)}", []).append(data.label(e))
+    if missing:
+        status.append(f"**Incomplete**: {len(planned) - sum(map(len, missing.values()))} of the {len(planned)} "
+                      "planned engine runs are measured; not measured: " + "; ".join(
+                          f"{k}: {', '.join(v)}" for k, v in missing.items())
+                      + ". Ratios and spreads are over the rounds measured.")
     if data.failures:
         status.append(f"**{len(data.failures)} measurement(s) failed** and are shown as such: "
                       + ", ".join(f"`{k}`" for k in sorted(data.failures)) + ".")

@@ -88,6 +88,13 @@ def test_names(plan: Plan, threads: int) -> list[str]:
     return [op["name"] for seq in sequences(plan, threads) for op in seq if op["kind"] != "fill"]
 
 
+def speed_jobs(plan: Plan, engine_ids: list[str]) -> list[tuple[int, int, list[str]]]:
+    """(round, threads, engines in the order they run): every round at every thread count it
+    has, the engines rotated."""
+    return [(r, t, rotated(engine_ids, r)) for r in range(max(plan.rounds_at(t) for t in plan.threads))
+            for t in plan.threads if r < plan.rounds_at(t)]
+
+
 def rotated(items: list, r: int) -> list:
     """Round r starts with item r: no engine always runs first (or right after another)."""
     k = r % len(items) if items else 0
