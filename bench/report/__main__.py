@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shutil
+import signal
+import sys
 from pathlib import Path
 
 from bench.common import RESULTS
@@ -102,6 +104,8 @@ def main() -> None:
                     "with the same plan fills them in)")
     ap.add_argument("--report-only", action="store_true", help="write the report from what is recorded, measure nothing")
     args = ap.parse_args()
+    # killed, stop the running worker too (subprocess.run kills its child on any exception)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     plan = QUICK if args.quick else FULL
     ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
