@@ -11,11 +11,12 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results.jsonl"
 THREADS = 2
+THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NANOCOMPILE_THREADS")
 
 
 def pin_threads(n: int = THREADS) -> None:
     """Every engine gets n threads: NumPy's BLAS and OpenMP read these at import."""
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NANOCOMPILE_THREADS"):
+    for var in THREAD_VARS:
         os.environ[var] = str(n)
 
 
@@ -58,9 +59,9 @@ def summary(samples: list[float]) -> dict:
     return {"median": statistics.median(s), "min": s[0], "max": s[-1], "iqr": q[2] - q[0], "n": len(s)}
 
 
-def append(record: dict) -> None:
+def append(record: dict, path: Path = RESULTS) -> None:
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "threads": THREADS, "machine": machine(), **record}
-    with open(RESULTS, "a") as f:
+    with open(path, "a") as f:
         f.write(json.dumps(record, sort_keys=True) + "\n")
 
 

@@ -1,0 +1,21 @@
+"""The frame of every worker process: `python -m bench.report.<worker> SPEC.json OUT.json`. The
+worker's result is written with the process's own costs: wall time and peak resident memory
+(the RSS high-water mark, which is this engine's alone since nothing else runs in it)."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+
+def run_worker(work) -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    start = time.perf_counter()
+    result = work(spec)
+    result["process"] = {"seconds": time.perf_counter() - start, "loadavg": os.getloadavg(),
+                         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    out = Path(sys.argv[2])
+    out.write_text(json.dumps(result))

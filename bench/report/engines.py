@@ -1,0 +1,62 @@
+"""The engines the report compares. Adding one (nanocompile native, when issue 13 lands) is one
+entry here; an engine that cannot run on this install still gets its row, saying why."""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Engine:
+    id: str                # a file-name-safe key in the run's records
+    label: str             # as the tables print it
+    family: str            # nanocompile, llama.cpp or transformers: what opens it (runners.py)
+    weights: str           # nanocompile: the precision; llama.cpp: which GGUF (f32, q8_0, file)
+    arithmetic: str        # f32 or int8: which of the probe's peaks bounds its prefill
+    kv_bytes: int          # bytes per cached K or V element (llama.cpp keeps F16)
+    peer: str | None = None  # the engine of the same precision that nanocompile is judged against
+    issue: str | None = None  # what must land before it exists
+
+
+ENGINES = (
+    Engine("nc-f32", "nanocompile f32", "nanocompile", "f32", "f32", 4, peer="llama-f32"),
+    Engine("nc-int8", "nanocompile int8", "nanocompile", "int8", "int8", 4, peer="llama-q8_0"),
+    Engine("nc-native", "nanocompile native", "nanocompile", "native", "int8", 4, peer="llama-file", issue="13"),
+    Engine("llama-f32", "llama.cpp F32", "llama.cpp", "f32", "f32", 2),
+    Engine("llama-q8_0", "llama.cpp Q8_0", "llama.cpp", "q8_0", "int8", 2),
+    Engine("llama-file", "llama.cpp Q4_K_M (the file)", "llama.cpp", "file", "int8", 2),
+    Engine("hf-f32", "transformers eager f32", "transformers", "f32", "f32", 4),
+)
+BY_ID = {e.id: e for e in ENGINES}
+
+# each family's float32 engine: what its other precisions' KL divergence is measured against
+FLOAT32 = {"nanocompile": "nc-f32", "llama.cpp": "llama-f32", "transformers": "hf-f32"}
+ORACLE = "hf-f32"
+
+_NEEDS = {"llama.cpp": ("llama_cpp", "llama-cpp-python (pip install '.[bench]')"),
+          "transformers": ("transformers", "transformers and torch (pip install '.[test]')")}
+
+
+def nanocompile_precisions() -> tuple[str, ...]:
+    from nanocompile.frontend.qwen2 import PRECISIONS
+
+    return tuple(PRECISIONS)
+
+
+def missing(engine: Engine) -> str | None:
+    """Why engine cannot run here (None: it can)."""
+    if engine.family == "nanocompile":
+        if engine.weights not in nanocompile_precisions():
+            return f"not built (issue {engine.issue})" if engine.issue else f"no precision {engine.weights}"
+        return None
+    module, package = _NEEDS[engine.family]
+    if importlib.util.find_spec(module) is None:
+        return f"not installed: {package}"
+    return None
+
+
+def label(engine: Engine, file_type: str | None) -> str:
+    """The model file's engine is named by what the file holds (Q4_K_M for the default model)."""
+    if engine.weights == "file" and file_type:
+        return f"llama.cpp {file_type} (the file)"
+    return engine.label
