@@ -5,6 +5,7 @@
     fusion     graph    decide which values get a buffer                   passes/fusion.py
     lower      loop IR  one kernel per root (per primitive unfused)        loopir/lower.py
     link       loop IR  one table of distinct kernels for every variant    loopir/link.py
+    contract   loop IR  float32 sums of products as fused multiply-adds    loopir/contract.py
     schedule   loop IR  each kernel's recipe, the weights' layouts         schedule/program.py
     memory     loop IR  a static arena offset for every intermediate       loopir/plan.py
 
@@ -12,7 +13,7 @@ compile_program() runs them on every variant of a step program (the frontend's g
 signature) and returns a Module, which codegen/ renders as C. fuse=False skips cse, fold and
 fusion (one kernel per primitive: fusion's baseline); schedule=False skips schedule (every
 kernel on one thread, as lowered: the schedules' baseline). dump_after=STAGE prints the graph
-or the loop IR after that stage.
+or the loop IR after that stage. contract runs where the target has FMA (Options.fma).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from . import __version__
 from .frontend.config import Qwen2Config
 from .frontend.qwen2 import qwen2_program
 from .ir.graph import Graph, format_graph
+from .loopir.contract import contract
 from .loopir.ir import Kernel, Program, format_program
 from .loopir.link import link
 from .loopir.lower import lower
@@ -38,7 +40,7 @@ from .passes.fold import fold_constants
 from .passes.fusion import plan_fusion
 from .schedule.program import schedule_program
 from .signature import Signature, StepProgram
-from .target import detect_march, vector_lanes
+from .target import detect_march, has_fma, vector_lanes
 
 GENERATOR = f"nanocompile {__version__} codegen 1"
 DEFAULT_CHUNK = 64
@@ -54,6 +56,7 @@ class Options:
     schedule: bool = True
     lanes: int | None = None         # vector lanes for the recipes; None: the march's
     choose: Callable | None = None   # kernel -> directives, replacing the recipes (tests)
+    fma: bool | None = None          # sums of products as fused multiply-adds; None: if the march has FMA
 
 
 @dataclass
@@ -95,6 +98,10 @@ def run_link(c: Compilation) -> None:
     c.kernels = link(c.programs.values())
 
 
+def run_contract(c: Compilation) -> None:
+    contract(c.kernels)
+
+
 def run_schedule(c: Compilation) -> None:
     c.packed = schedule_program(c.kernels, c.programs.values(), c.lanes, c.options.choose)
 
@@ -105,12 +112,13 @@ def run_memory(c: Compilation) -> None:
 
 
 STAGES = {"cse": run_cse, "fold": run_fold, "fusion": run_fusion, "lower": run_lower, "link": run_link,
-          "schedule": run_schedule, "memory": run_memory}
+          "contract": run_contract, "schedule": run_schedule, "memory": run_memory}
 GRAPH_STAGES = ("cse", "fold", "fusion")
 
 
 def stages_for(options: Options) -> list[str]:
     skipped = set(GRAPH_STAGES if not options.fuse else ()) | ({"schedule"} if not options.schedule else set())
+    skipped |= {"contract"} if not options.fma else set()
     return [s for s in STAGES if s not in skipped]
 
 
@@ -175,7 +183,7 @@ class Module:
         o = self.options
         return {"generator": GENERATOR, "config": self.signature.config, "precision": o.precision,
                 "max_chunk": o.max_chunk, "march": o.march, "isa": self.isa, "fused": o.fuse,
-                "scheduled": o.schedule}
+                "scheduled": o.schedule, "fma": o.fma}
 
     @property
     def fingerprint_json(self) -> str:
@@ -205,10 +213,13 @@ class Module:
 def resolve_options(options: Options) -> tuple[Options, list[str]]:
     """The options with the target level filled in, and the ISA flags it requires (none when a
     level was asked for explicitly: it may be built for another machine)."""
-    if options.march is not None:
-        return options, []
-    march, isa = detect_march()
-    return dataclasses.replace(options, march=march), isa
+    isa = []
+    if options.march is None:
+        march, isa = detect_march()
+        options = dataclasses.replace(options, march=march)
+    if options.fma is None:
+        options = dataclasses.replace(options, fma=has_fma(options.march))
+    return options, isa
 
 
 def compile_program(program: StepProgram, options: Options = Options(), dump_after: str | None = None,

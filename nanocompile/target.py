@@ -74,3 +74,10 @@ def vector_lanes(march: str) -> int:
         flags = cpu_flags()
         return 16 if "avx512f" in flags else 8 if "avx2" in flags else 0
     return {"x86-64-v4": 16, "x86-64-v3": 8}.get(march, 0)
+
+
+def has_fma(march: str) -> bool:
+    """Whether the level has fused multiply-add (x86-64-v3 and up; "native": this CPU)."""
+    if march == "native":
+        return "fma" in cpu_flags()
+    return "fma" in level_flags(march)

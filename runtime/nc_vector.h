@@ -5,6 +5,7 @@
 #ifndef NC_VECTOR_H
 #define NC_VECTOR_H
 
+#include <immintrin.h>
 #include <math.h>
 
 #include "nc_runtime.h"
@@ -46,6 +47,20 @@ NC_VECTOR_WIDTH(8)
 #endif
 #if defined(__AVX512F__)
 NC_VECTOR_WIDTH(16)
+#endif
+
+/* a * b + c rounded once in every lane: the scalar code's fmaf, lane by lane (vfmadd) */
+#if defined(__AVX2__) && defined(__FMA__)
+static inline nc_f32x8 nc_fma8(nc_f32x8 a, nc_f32x8 b, nc_f32x8 c)
+{
+    return (nc_f32x8)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+}
+#endif
+#if defined(__AVX512F__)
+static inline nc_f32x16 nc_fma16(nc_f32x16 a, nc_f32x16 b, nc_f32x16 c)
+{
+    return (nc_f32x16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+}
 #endif
 
 #endif
