@@ -38,7 +38,7 @@ from .pack import WeightSlot, weight_layout
 from .passes.cse import cse
 from .passes.fold import fold_constants
 from .passes.fusion import plan_fusion
-from .schedule.program import schedule_program
+from .schedule.program import kernel_digest, schedule_program
 from .signature import Signature, StepProgram
 from .target import detect_march, has_fma, vector_lanes
 
@@ -57,6 +57,7 @@ class Options:
     lanes: int | None = None         # vector lanes for the recipes; None: the march's
     choose: Callable | None = None   # kernel -> directives, replacing the recipes (tests)
     fma: bool | None = None          # sums of products as fused multiply-adds; None: if the march has FMA
+    tuned: tuple = ()                # (kernel digest, directives) pairs measured on this CPU (nanocompile/tune)
 
 
 @dataclass
@@ -103,7 +104,7 @@ def run_contract(c: Compilation) -> None:
 
 
 def run_schedule(c: Compilation) -> None:
-    c.packed = schedule_program(c.kernels, c.programs.values(), c.lanes, c.options.choose)
+    c.packed = schedule_program(c.kernels, c.programs.values(), c.lanes, c.options.choose, dict(c.options.tuned))
 
 
 def run_memory(c: Compilation) -> None:
@@ -183,7 +184,13 @@ class Module:
         o = self.options
         return {"generator": GENERATOR, "config": self.signature.config, "precision": o.precision,
                 "max_chunk": o.max_chunk, "march": o.march, "isa": self.isa, "fused": o.fuse,
-                "scheduled": o.schedule, "fma": o.fma}
+                "scheduled": o.schedule, "fma": o.fma, "tuned": self.tuned_hash}
+
+    @property
+    def tuned_hash(self) -> str | None:
+        """The measured schedules this module uses instead of recipes (None: the recipes alone)."""
+        used = sorted((name, [str(d) for d in self.kernels[name].schedule]) for name in self.tuned_kernels)
+        return hashlib.sha256(json.dumps(used).encode()).hexdigest()[:20] if used else None
 
     @property
     def fingerprint_json(self) -> str:
@@ -192,6 +199,12 @@ class Module:
     @property
     def fingerprint_hash(self) -> str:
         return hashlib.sha256(self.fingerprint_json.encode()).hexdigest()
+
+    @property
+    def tuned_kernels(self) -> list[str]:
+        """The kernels whose schedule was measured on this machine rather than a recipe's."""
+        table = dict(self.options.tuned)
+        return [name for name, k in self.kernels.items() if table.get(kernel_digest(k)) == k.schedule]
 
     @property
     def weights_bytes(self) -> int:
@@ -237,9 +250,11 @@ def compile_program(program: StepProgram, options: Options = Options(), dump_aft
 
 def compile_model(cfg: Qwen2Config, precision: str = "f32", max_chunk: int = DEFAULT_CHUNK,
                   march: str | None = None, fuse: bool = True, schedule: bool = True,
-                  dump_after: str | None = None, out: Callable[[str], None] = print) -> Module:
-    """A Qwen2 config, compiled: the frontend's step program through compile_program."""
-    options = Options(precision=precision, max_chunk=max_chunk, march=march, fuse=fuse, schedule=schedule)
+                  dump_after: str | None = None, out: Callable[[str], None] = print, tuned: tuple = ()) -> Module:
+    """A Qwen2 config, compiled: the frontend's step program through compile_program. tuned:
+    (kernel digest, directives) pairs measured on this machine, used where they apply."""
+    options = Options(precision=precision, max_chunk=max_chunk, march=march, fuse=fuse, schedule=schedule,
+                      tuned=tuple(tuned))
     return compile_program(qwen2_program(cfg), options, dump_after, out)
 
 

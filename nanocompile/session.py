@@ -53,11 +53,13 @@ class InterpreterSession:
 BACKENDS = ("compiled", "interp")
 
 
-def open_session(model, backend: str = "compiled", n_ctx: int = 4096, threads: int = 1, progress: bool = False):
-    """A session on a LoadedModel: the compiled library (default) or the NumPy interpreter."""
+def open_session(model, backend: str = "compiled", n_ctx: int = 4096, threads: int = 1, progress: bool = False,
+                 tuned: bool = True):
+    """A session on a LoadedModel: the compiled library (default) or the NumPy interpreter.
+    tuned=False: the recipes' schedules even where `nanocompile tune` measured others."""
     if backend == "interp":
         return InterpreterSession(model.config, model.weights, n_ctx=n_ctx)
     if backend == "compiled":
         return CompiledSession(model.config, model.weights, n_ctx=n_ctx, threads=threads,
-                               weights_key=model.key, progress=progress)
+                               weights_key=model.key, progress=progress, tuned=tuned)
     raise InputError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")

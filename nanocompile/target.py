@@ -64,6 +64,18 @@ def detect_march(flags: frozenset[str] | None = None) -> tuple[str, list[str]]:
     return march, sorted(required)
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
 def missing_flags(required) -> list[str]:
     return sorted(set(required) - cpu_flags())
 

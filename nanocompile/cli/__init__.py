@@ -1,17 +1,17 @@
-"""The nanocompile command line: run, chat, bench, compile, info, graph. One module per command."""
+"""The nanocompile command line: run, chat, bench, compile, tune, info, graph. One module per command."""
 from __future__ import annotations
 
 import argparse
 import sys
 
 from ..errors import NanocompileError
-from . import bench, chat, compile, graph, info, run
+from . import bench, chat, compile, graph, info, run, tune
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nanocompile", description="An ahead-of-time compiler for Qwen2.")
     sub = p.add_subparsers(dest="command", required=True)
-    for command in (run, chat, bench, compile, info, graph):
+    for command in (run, chat, bench, compile, tune, info, graph):
         command.add_parser(sub)
     return p
 

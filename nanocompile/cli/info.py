@@ -24,6 +24,22 @@ def _library_line(where: str, manifest: dict, built: bool) -> str:
     return f"  {manifest['prefix'].rstrip('_')}  {fp['march']}, {fp['precision']}{flags}: {what}  [{where}]{state}"
 
 
+def _tuned_lines(path: Path) -> str:
+    from ..tune.store import load
+    try:
+        data = load(path)
+    except ValueError as e:
+        return f"  {e}"
+    kernels = data["kernels"]
+    used = {n: e for n, e in kernels.items() if e.get("use")}
+    unstable = [n for n, e in kernels.items() if e.get("stable") is False]
+    lines = [f"  {path}: {data.get('cpu', '?')}, {data.get('march', '?')}, {data.get('threads', '?')} threads: "
+             f"{len(used)} of {len(kernels)} kernels use a measured schedule, {len(unstable)} unstable"]
+    for name, e in sorted(used.items()):
+        lines.append(f"    {name}: {', '.join(e['use'])} ({e['verify']['gain']:.2f}x the recipe)")
+    return "\n".join(lines)
+
+
 def cmd_info(args) -> int:
     from .. import __version__
     from ..build import library_file, packaged_manifests
@@ -52,6 +68,11 @@ def cmd_info(args) -> int:
         found += 1
     if not found:
         print("  none: `nanocompile compile -m MODEL` builds one")
+    tuned = sorted((root / "tuned").glob("*.json"))
+    if tuned:
+        print("tuned schedules (nanocompile tune; compile and run use those of this CPU and level)")
+    for path in tuned:
+        print(_tuned_lines(path))
     packed = sorted((root / "packed").glob("*.bin"))
     if packed:
         print("packed weights")

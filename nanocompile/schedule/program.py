@@ -7,9 +7,10 @@ weight without packing it gets the Pack directive added in front of its schedule
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
-from ..loopir.ir import Kernel
-from .apply import apply, first_legal
+from ..loopir.ir import Kernel, format_kernel
+from .apply import apply, first_legal, is_legal
 from .directives import Pack
 from .pack import weight_layouts
 from .recipes import default_schedule
@@ -27,13 +28,28 @@ def weight_params(kernels: dict[str, Kernel], programs) -> dict[str, frozenset]:
     return {name: frozenset(p for p, ok in flags.items() if ok) for name, flags in seen.items()}
 
 
-def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=None) -> dict[str, tuple[int, int]]:
+def kernel_digest(k: Kernel) -> str:
+    """Identifies what a kernel computes before its schedule (its loop IR as lowered, with its
+    name): the key a tuned schedule is stored under. A scheduled kernel gives its lowered form's."""
+    lowered = dataclasses.replace(k, body=k.lowered or k.body, schedule=(), lowered=())
+    return hashlib.sha256(format_kernel(lowered).encode()).hexdigest()[:20]
+
+
+def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=None,
+                     tuned: dict | None = None) -> dict[str, tuple[int, int]]:
     """Schedules every kernel in place; returns buffer -> (row, block) for the packed weights.
-    choose(kernel) -> directives replaces the recipes (tests use it to try other schedules)."""
+    choose(kernel) -> directives replaces the recipes (tests use it to try other schedules);
+    tuned maps kernel_digest() to a schedule measured on this machine (nanocompile/tune), used
+    where it applies instead of the recipe."""
     programs = list(programs)
     weights = weight_params(kernels, programs)
-    schedules = {name: tuple(choose(k) if choose else default_schedule(k, lanes, weights.get(name, ())))
-                 for name, k in kernels.items()}
+    schedules = {}
+    for name, k in kernels.items():
+        measured = (tuned or {}).get(kernel_digest(k))
+        if measured is not None and is_legal(k, measured):
+            schedules[name] = tuple(measured)
+        else:
+            schedules[name] = tuple(choose(k) if choose else default_schedule(k, lanes, weights.get(name, ())))
 
     def layouts(strict):
         tagged = {name: dataclasses.replace(k, schedule=tuple(schedules[name])) for name, k in kernels.items()}
