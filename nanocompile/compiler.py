@@ -5,7 +5,7 @@
     fusion     graph    decide which values get a buffer                   passes/fusion.py
     lower      loop IR  one kernel per root (per primitive unfused)        loopir/lower.py
     link       loop IR  one table of distinct kernels for every variant    loopir/link.py
-    contract   loop IR  float32 sums of products as fused multiply-adds    loopir/contract.py
+    separate   loop IR  matmul sums as multiply and add (no FMA)           loopir/separate.py
     schedule   loop IR  each kernel's recipe, the weights' layouts         schedule/program.py
     memory     loop IR  a static arena offset for every intermediate       loopir/plan.py
 
@@ -13,7 +13,7 @@ compile_program() runs them on every variant of a step program (the frontend's g
 signature) and returns a Module, which codegen/ renders as C. fuse=False skips cse, fold and
 fusion (one kernel per primitive: fusion's baseline); schedule=False skips schedule (every
 kernel on one thread, as lowered: the schedules' baseline). dump_after=STAGE prints the graph
-or the loop IR after that stage. contract runs where the target has FMA (Options.fma).
+or the loop IR after that stage. separate runs where the target has no FMA (Options.fma).
 """
 from __future__ import annotations
 
@@ -29,17 +29,17 @@ from . import __version__
 from .frontend.config import Qwen2Config
 from .frontend.qwen2 import qwen2_program
 from .ir.graph import Graph, format_graph
-from .loopir.contract import contract
 from .loopir.ir import Kernel, Program, format_program
 from .loopir.link import link
 from .loopir.lower import lower
 from .loopir.plan import MemoryPlan, plan_memory
+from .loopir.separate import separate
 from .pack import WeightSlot, weight_layout
 from .passes.cse import cse
 from .passes.fold import fold_constants
 from .passes.fusion import plan_fusion
 from .schedule.program import kernel_digest, schedule_program
-from .signature import Signature, StepProgram
+from .signature import Signature, StepProgram, identifier
 from .target import detect_march, has_fma, vector_lanes
 
 GENERATOR = f"nanocompile {__version__} codegen 1"
@@ -56,7 +56,7 @@ class Options:
     schedule: bool = True
     lanes: int | None = None         # vector lanes for the recipes; None: the march's
     choose: Callable | None = None   # kernel -> directives, replacing the recipes (tests)
-    fma: bool | None = None          # sums of products as fused multiply-adds; None: if the march has FMA
+    fma: bool | None = None          # matmul sums as fused multiply-adds; None: if the march has FMA
     tuned: tuple = ()                # (kernel digest, directives) pairs measured on this CPU (nanocompile/tune)
 
 
@@ -99,8 +99,8 @@ def run_link(c: Compilation) -> None:
     c.kernels = link(c.programs.values())
 
 
-def run_contract(c: Compilation) -> None:
-    contract(c.kernels)
+def run_separate(c: Compilation) -> None:
+    separate(c.kernels)
 
 
 def run_schedule(c: Compilation) -> None:
@@ -113,13 +113,13 @@ def run_memory(c: Compilation) -> None:
 
 
 STAGES = {"cse": run_cse, "fold": run_fold, "fusion": run_fusion, "lower": run_lower, "link": run_link,
-          "contract": run_contract, "schedule": run_schedule, "memory": run_memory}
+          "separate": run_separate, "schedule": run_schedule, "memory": run_memory}
 GRAPH_STAGES = ("cse", "fold", "fusion")
 
 
 def stages_for(options: Options) -> list[str]:
     skipped = set(GRAPH_STAGES if not options.fuse else ()) | ({"schedule"} if not options.schedule else set())
-    skipped |= {"contract"} if not options.fma else set()
+    skipped |= {"separate"} if options.fma else set()
     return [s for s in STAGES if s not in skipped]
 
 
@@ -161,6 +161,7 @@ class Module:
     plans: dict[str, MemoryPlan]
     weights: list[WeightSlot]
     consts: dict[str, np.ndarray]
+    state_blocks: dict[str, int] = field(default_factory=dict)  # state array -> positions per block
 
     @property
     def precision(self) -> str:
@@ -245,7 +246,22 @@ def compile_program(program: StepProgram, options: Options = Options(), dump_aft
     for prog in c.programs.values():
         consts.update(prog.consts)
     return Module(program.signature, options, isa, c.kernels, c.programs, c.plans,
-                  weight_layout(program.signature, c.packed), consts)
+                  weight_layout(program.signature, c.packed), consts, state_blocks(program.signature, c.packed))
+
+
+def state_blocks(signature: Signature, packed: dict) -> dict[str, int]:
+    """State array -> the positions per block its buffers are stored in (the schedules chose it
+    for a kernel reading consecutive positions as a vector); arrays not listed are position-major."""
+    blocks: dict[str, set] = {}
+    for s in signature.state:
+        layout = packed.get(identifier(s.name))
+        if layout is not None and layout[0] != s.row:
+            raise ValueError(f"state {s.name} is packed in rows of {layout[0]}, not its {s.row} floats per position")
+        blocks.setdefault(s.array, set()).add(layout[1] if layout else 0)
+    for array, found in blocks.items():
+        if len(found) > 1:
+            raise ValueError(f"the buffers of state array {array} are stored in different layouts ({sorted(found)})")
+    return {a: found.pop() for a, found in blocks.items() if found != {0}}
 
 
 def compile_model(cfg: Qwen2Config, precision: str = "f32", max_chunk: int = DEFAULT_CHUNK,

@@ -2,7 +2,8 @@
 
 A weight one kernel reads packed must be read packed by every kernel that reads it (a tied
 embedding is both a matmul's operand and a gather's table), so a kernel that reads a packed
-weight without packing it gets the Pack directive added in front of its schedule.
+weight without packing it gets the Pack directive added in front of its schedule. State is the
+same: the K cache packed by attention's scores is stored packed by the kernel that appends to it.
 """
 from __future__ import annotations
 
@@ -16,15 +17,15 @@ from .pack import weight_layouts
 from .recipes import default_schedule
 
 
-def weight_params(kernels: dict[str, Kernel], programs) -> dict[str, frozenset]:
-    """Kernel name -> the parameters bound to a weight buffer in every call."""
+def weight_params(kernels: dict[str, Kernel], programs, kind: str = "weight") -> dict[str, frozenset]:
+    """Kernel name -> the parameters bound to a weight buffer (or another kind) in every call."""
     seen: dict[str, dict[str, bool]] = {}
     for prog in programs:
         for call in prog.calls:
             k = kernels[call.kernel]
             flags = seen.setdefault(call.kernel, {p.name: True for p in k.params})
             for p, buffer in zip(k.params, call.args):
-                flags[p.name] = flags[p.name] and prog.buffers[buffer].kind == "weight"
+                flags[p.name] = flags[p.name] and prog.buffers[buffer].kind == kind
     return {name: frozenset(p for p, ok in flags.items() if ok) for name, flags in seen.items()}
 
 
@@ -43,13 +44,15 @@ def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=No
     where it applies instead of the recipe."""
     programs = list(programs)
     weights = weight_params(kernels, programs)
+    state = weight_params(kernels, programs, "state")
     schedules = {}
     for name, k in kernels.items():
         measured = (tuned or {}).get(kernel_digest(k))
         if measured is not None and is_legal(k, measured):
             schedules[name] = tuple(measured)
         else:
-            schedules[name] = tuple(choose(k) if choose else default_schedule(k, lanes, weights.get(name, ())))
+            schedules[name] = tuple(choose(k) if choose else
+                                    default_schedule(k, lanes, weights.get(name, ()), state.get(name, ())))
 
     def layouts(strict):
         tagged = {name: dataclasses.replace(k, schedule=tuple(schedules[name])) for name, k in kernels.items()}

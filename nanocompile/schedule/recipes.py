@@ -13,8 +13,11 @@ kernel wins, and the last resort is the kernel as fusion wrote it. The classes:
                      probabilities times the stored values): vectorize the columns, move the
                      rows inside and unroll-and-jam 8 of them;
   symbolic columns   a matmul whose column loop has a symbolic extent (attention's scores over
-                     every stored key): split the columns by 8 and unroll-and-jam the 8
-                     (independent accumulators), split rows across threads;
+                     every stored key): with vector code and keys in state, split the columns by
+                     4 vectors, vectorize them and store the keys in blocks of those columns
+                     (the K cache in blocks of positions: consecutive keys adjacent at each
+                     element); else split the columns by 8 and unroll-and-jam the 8 (independent
+                     accumulators); rows across threads;
   row and elementwise kernels: vectorize an innermost loop if it can be, then the basic recipe;
   basic              parallelize the output loop with the most iterations known at compile time
                      (>= 16), else the outermost symbolic one, unrolled and jammed by 8, 4 or 2.
@@ -25,7 +28,8 @@ legal points for the tuner (nanocompile/tune), which measures them on the machin
 """
 from __future__ import annotations
 
-from ..loopir.ir import AccInit, IConst, Kernel, Loop
+from ..loopir.affine import linear
+from ..loopir.ir import AccInit, IConst, Kernel, Loop, Var
 from ..loopir.traverse import find_loop, loads, loops
 from .apply import first_legal, is_legal
 from .directives import Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam, Vectorize
@@ -36,21 +40,23 @@ from .loops import check_parallel, check_unroll_jam
 # for the weights' vectors and a broadcast (bench/row_tile: 6 rows beat 4, 7 and 8); AVX2 has 16.
 TILES = {16: (6, 24), 8: (4, 12)}
 ATTENTION_ROWS = 8  # query rows unrolled and jammed in attention
+SCORE_VECTORS = 4   # vectors of keys per block of the K cache (independent sums in attention's scores)
 
 # the tuner's grid per kernel class; the pack block of a projection follows its columns (lanes x
 # columns per tile), and rows 0 keeps the rows outside the columns (no row tile)
 KNOBS = {
     "projection": {"columns": (1, 2, 4, 8), "rows": (0, 1, 2, 3, 4, 5, 6, 7, 8)},
     "activation product": {"rows": (1, 2, 4, 8, 16)},
-    "symbolic columns": {"split": (2, 4, 8, 16)},
+    "symbolic columns": {"split": (2, 4, 8, 16), "vectors": (1, 2, 4, 8)},  # vectors: of keys in state
     "row or elementwise": {"vector": (True, False), "unroll": (1, 2, 4, 8)},
 }
 
 
-def default_schedule(k: Kernel, lanes: int = 0, weights=frozenset()) -> tuple:
+def default_schedule(k: Kernel, lanes: int = 0, weights=frozenset(), state=frozenset()) -> tuple:
     """The first legal candidate of the kernel's recipes. lanes: 16 (AVX-512), 8 (AVX2) or 0
-    (no vector code); weights: the parameters bound to weights, which may be packed."""
-    return first_legal(k, _candidates(k, lanes, frozenset(weights)))
+    (no vector code); weights: the parameters bound to weights, which may be packed; state: those
+    bound to state buffers, which may be packed in blocks of positions."""
+    return first_legal(k, _candidates(k, lanes, frozenset(weights), frozenset(state)))
 
 
 def _column_loop(k: Kernel):
@@ -66,16 +72,19 @@ def _column_loop(k: Kernel):
     return None
 
 
-def _candidates(k: Kernel, lanes: int, weights: frozenset):
+def _candidates(k: Kernel, lanes: int, weights: frozenset, state: frozenset = frozenset()):
     found = _column_loop(k)
     if found:
         col, row, reduction = found
         packed = sorted({ld.param for ld in loads(reduction.body) if ld.param in weights})
         if lanes and packed and isinstance(reduction.extent, IConst):
             yield from _projection(k, col, row, reduction, lanes, packed)
-        if lanes and not packed and row is not None:
+        if lanes and not packed and row is not None and isinstance(col.extent, IConst):
             yield from _activation_product(col, row, lanes)
         if row is not None and not isinstance(col.extent, IConst):
+            keys = stored_rows(col, reduction, state)
+            if lanes and keys:
+                yield symbolic_columns(col, row, SCORE_VECTORS * lanes, lanes, keys)
             yield symbolic_columns(col, row, 8)
     if lanes:
         for lp in loops(k.body):
@@ -121,9 +130,27 @@ def activation_product(col: Loop, row: Loop, lanes: int, rows: int) -> list:
             Parallel(r + "o"), Parallel(r + "t")]
 
 
-def symbolic_columns(col: Loop, row: Loop, split: int) -> list:
-    """Columns split by `split` and those unrolled and jammed (independent sums), rows across threads."""
-    return [Split(col.var, split), UnrollJam(col.var + "i", split), Parallel(row.var)]
+def symbolic_columns(col: Loop, row: Loop, split: int, lanes: int = 0, keys: dict | None = None) -> list:
+    """Columns split by `split` and those unrolled and jammed (independent sums), rows across
+    threads. With lanes: the split's columns are vectors of `lanes` consecutive columns, read from
+    state stored in blocks of `split` of its rows (keys: parameter -> its row, stored_rows())."""
+    if not lanes:
+        return [Split(col.var, split), UnrollJam(col.var + "i", split), Parallel(row.var)]
+    unroll = [UnrollJam(col.var + "i", split // lanes)] if split > lanes else []
+    return [Split(col.var, split), Vectorize(col.var + "i", lanes)] + unroll + \
+        [Pack(p, size, split) for p, size in sorted(keys.items())] + [Parallel(row.var)]
+
+
+def stored_rows(col: Loop, reduction: Loop, state: frozenset) -> dict:
+    """State parameters the reduction reads one row per column (attention's keys): parameter ->
+    its row's elements, the column's stride in the index. Empty if there are none."""
+    found = {}
+    for ld in loads(reduction.body):
+        if ld.param in state:
+            stride = linear(ld.index)[0].get(Var(col.var), 0)
+            if stride > 1:
+                found[ld.param] = stride
+    return found
 
 
 def _basic(k: Kernel) -> tuple:
@@ -157,7 +184,7 @@ def _basic(k: Kernel) -> tuple:
 
 # the tuner's search space -------------------------------------------------------------------------
 
-def kernel_class(k: Kernel, lanes: int, weights=frozenset()) -> str:
+def kernel_class(k: Kernel, lanes: int, weights=frozenset(), state=frozenset()) -> str:
     """Which recipe a kernel gets: projection, activation product, symbolic columns, or row or
     elementwise."""
     found = _column_loop(k)
@@ -173,7 +200,7 @@ def kernel_class(k: Kernel, lanes: int, weights=frozenset()) -> str:
     return "row or elementwise"
 
 
-def search_space(k: Kernel, lanes: int, weights=frozenset()) -> list[tuple[dict, tuple]]:
+def search_space(k: Kernel, lanes: int, weights=frozenset(), state=frozenset()) -> list[tuple[dict, tuple]]:
     """(knobs, schedule) for every legal point of the kernel's class grid (KNOBS), each schedule
     once; the recipe's own choice is among them when it is a grid point."""
     weights = frozenset(weights)
@@ -190,8 +217,12 @@ def search_space(k: Kernel, lanes: int, weights=frozenset()) -> list[tuple[dict,
         col, row, _ = found
         points = [({"rows": r}, activation_product(col, row, lanes, r)) for r in grid["rows"]]
     elif cls == "symbolic columns":
-        col, row, _ = found
-        points = [({"split": f}, symbolic_columns(col, row, f)) for f in grid["split"]]
+        col, row, reduction = found
+        points = [({"split": f, "vectors": 0}, symbolic_columns(col, row, f)) for f in grid["split"]]
+        keys = stored_rows(col, reduction, frozenset(state))
+        if lanes and keys:
+            points += [({"split": u * lanes, "vectors": u}, symbolic_columns(col, row, u * lanes, lanes, keys))
+                       for u in grid["vectors"]]
     else:
         inner = next((lp.var for lp in loops(k.body) if lp.is_output and not any(isinstance(s, Loop) for s in lp.body)),
                      None)

@@ -64,21 +64,22 @@ def model_jobs(cfg: Qwen2Config, march: str | None = None) -> tuple[list[Job], s
     c = run_pipeline(qwen2_program(cfg), options)
     lanes = vector_lanes(options.march)
     weights = weight_params(c.kernels, c.programs.values())
+    state = weight_params(c.kernels, c.programs.values(), "state")
     jobs = []
     for name, k in c.kernels.items():
         calls = [(p, call) for v, p in c.programs.items() if v in VARIANTS for call in p.calls if call.kernel == name]
         if not calls:
             continue
         prog, call = calls[0]
-        w = weights.get(name, frozenset())
-        space = search_space(k, lanes, w)
+        w, st = weights.get(name, frozenset()), state.get(name, frozenset())
+        space = search_space(k, lanes, w, st)
         schedules, knobs = [s for _, s in space], [kn for kn, _ in space]
-        recipe = tuple(default_schedule(k, lanes, w))
+        recipe = tuple(default_schedule(k, lanes, w, st))
         if recipe not in schedules:
             schedules.insert(0, recipe)
             knobs.insert(0, {"recipe": True})
         decode_calls = sum(1 for cl in c.programs["last"].calls if cl.kernel == name) if "last" in c.programs else 0
-        jobs.append(Job(name, k, kernel_class(k, lanes, w), [prog.buffers[b] for b in call.args], schedules, knobs,
+        jobs.append(Job(name, k, kernel_class(k, lanes, w, st), [prog.buffers[b] for b in call.args], schedules, knobs,
                         schedules.index(recipe), decode_calls))
     return jobs, options.march
 
