@@ -99,10 +99,9 @@ class HarnessMeasure:
             self.reps[shape.name] = reps
 
     def check(self, which: int) -> str | None:
+        # a new trial: its incumbent was measured in the last one; the rest is freed (memory bound)
         self.harness.keep_layouts(self.recent | {which + 1})
-        self.recent = {which + 1} | self.recent
-        if len(self.recent) > 3:
-            self.recent = {which + 1}
+        self.recent = {which + 1}
         return self.harness.check(which + 1, self.threads)
 
     def sample(self, which: int) -> dict[str, float]:
