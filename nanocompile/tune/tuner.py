@@ -2,7 +2,9 @@
 searched twice within a time budget, then each stable winner verified against the recipe.
 
 A kernel's cost is seconds per token: one decode row (seq 1 after 1023 stored positions) plus a
-prompt chunk (seq 64 after 448) divided by its rows, so decode and prefill count alike. The
+prompt chunk (seq 64 after 448) divided by its rows, so decode and prefill count alike. A sample
+is the fastest of three timings, each of enough repetitions; its length is chosen so that the
+whole grid fits the kernel's share of the budget. The
 second search repeats the first; a kernel whose winner changed is unstable and keeps the recipe,
 as does a winner that does not beat the recipe again in a final alternated comparison.
 """
@@ -29,7 +31,8 @@ from .search import ALPHA, PAIRS, Result, Trial, search, sign_test
 
 SHAPES = (Shape("decode", 1, 1023), Shape("prefill", DEFAULT_CHUNK, 448))
 VARIANTS = ("last", "none")  # the passes generation runs; all-logits kernels keep their recipe
-SAMPLE_SECONDS = 0.002       # a sample runs a kernel this long at least (repetitions in one task)
+SAMPLE_SECONDS = (0.002, 0.02)  # a sample's length, chosen in this range to fill the budget
+SUB_SAMPLES = 3                 # a sample is the fastest of this many timings: a preempted one is dropped
 VERIFY_SHARE = 0.15          # of the budget, kept for the final comparison with the recipes
 
 
@@ -87,14 +90,15 @@ def model_jobs(cfg: Qwen2Config, march: str | None = None) -> tuple[list[Job], s
 class HarnessMeasure:
     """The search's measurements on a KernelHarness: candidate i is the harness's schedule i + 1."""
 
-    def __init__(self, harness: KernelHarness, recipe: int, threads: int):
+    def __init__(self, harness: KernelHarness, recipe: int, threads: int, sample_seconds: float = SAMPLE_SECONDS[0]):
         self.harness, self.threads = harness, threads
         self.recent: set[int] = {recipe + 1}
         self.reps = {}
         for shape in SHAPES:  # calibrated on the recipe, the same for every candidate
             harness.seconds(recipe + 1, shape, threads, 1)  # warm: the pool's threads, the caches
             reps = 1
-            while reps < 100000 and harness.seconds(recipe + 1, shape, threads, reps) * reps < SAMPLE_SECONDS:
+            while reps < 100000 and harness.seconds(recipe + 1, shape, threads, reps) * reps * SUB_SAMPLES < \
+                    sample_seconds:
                 reps *= 2
             self.reps[shape.name] = reps
 
@@ -106,7 +110,16 @@ class HarnessMeasure:
 
     def sample(self, which: int) -> dict[str, float]:
         self.recent.add(which + 1)
-        return {s.name: self.harness.seconds(which + 1, s, self.threads, self.reps[s.name]) for s in SHAPES}
+        return {s.name: min(self.harness.seconds(which + 1, s, self.threads, self.reps[s.name])
+                            for _ in range(SUB_SAMPLES)) for s in SHAPES}
+
+
+def sample_seconds(job: Job, seconds: float) -> float:
+    """A sample's length for a kernel given `seconds` to search it: every candidate measured in
+    full (the pairs, both shapes) in about two thirds of that, within SAMPLE_SECONDS."""
+    full = max(1, len(job.order)) * 2 * PAIRS * len(SHAPES)
+    low, high = SAMPLE_SECONDS
+    return min(high, max(low, seconds / 1.5 / full))
 
 
 def build_harness(job: Job, march: str, seed: int = 0) -> KernelHarness:
@@ -170,8 +183,12 @@ def tune(cfg: Qwen2Config, budget: float, threads: int = 2, march: str | None = 
                 if time.monotonic() >= search_end:  # no time left: not even the harness is built
                     entries[job.name]["searches"].append(result_dict(Result(job.recipe, trials, 0, False)))
                     continue
+                now = time.monotonic()
+                share = max(0.0, search_end - now) / (len(found) - j)
+                length = sample_seconds(job, share)
+                entries[job.name]["sample_seconds"] = length
                 harness = build_harness(job, march, seed=s)
-                measure = HarnessMeasure(harness, job.recipe, threads)
+                measure = HarnessMeasure(harness, job.recipe, threads, length)
                 now = time.monotonic()
                 deadline = now + max(0.0, search_end - now) / (len(found) - j)
                 try:
@@ -216,7 +233,7 @@ def verify(found: list[Job], march: str, threads: int, entries: dict, bar=None) 
         winner = e["searches"][0]["winner"]
         if e["stable"] and winner != job.recipe:
             harness = build_harness(job, march, seed=len(e["searches"]))
-            measure = HarnessMeasure(harness, job.recipe, threads)
+            measure = HarnessMeasure(harness, job.recipe, threads, e.get("sample_seconds", SAMPLE_SECONDS[0]))
             e["verify"] = compare(measure, job.recipe, winner)
             if e["verify"]["p_faster"] <= ALPHA:
                 e["use"] = store.schedule_text(job.schedules[winner])
