@@ -17,8 +17,12 @@ def _size(n: int) -> str:
 def _library_line(where: str, manifest: dict, built: bool) -> str:
     fp = manifest["fingerprint"]
     c = fp["config"]
-    what = (f"hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, {c['num_attention_heads']}/"
-            f"{c['num_key_value_heads']} heads, vocab {c['vocab_size']}")
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size")
+    if all(k in c for k in keys):
+        what = (f"hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, {c['num_attention_heads']}/"
+                f"{c['num_key_value_heads']} heads, vocab {c['vocab_size']}")
+    else:  # a library of another signature (tests/test_any_model.py's residual MLP)
+        what = ", ".join(f"{k} {v}" for k, v in sorted(c.items())) or manifest["prefix"].rstrip("_")
     flags = ("" if fp.get("fused", True) else ", unfused") + ("" if fp.get("scheduled", True) else ", unscheduled")
     state = "" if built else " (not built)"
     return f"  {manifest['prefix'].rstrip('_')}  {fp['march']}, {fp['precision']}{flags}: {what}  [{where}]{state}"
