@@ -221,8 +221,9 @@ def tune(cfg: Qwen2Config, budget: float, threads: int = 2, march: str | None = 
 
 
 def verify(found: list[Job], march: str, threads: int, entries: dict, bar=None) -> None:
-    """Each kernel whose searches agree on a winner other than the recipe: the winner against the
-    recipe once more; it is used if it wins the sign test."""
+    """Each kernel whose searches agree on a winner other than the recipe (it won a sign test in
+    each): the winner against the recipe once more, for its gain; it is used unless that
+    comparison finds it slower than the recipe (sign test)."""
     for job in found:
         e = entries[job.name]
         winners = {r["winner"] for r in e["searches"]}
@@ -235,7 +236,7 @@ def verify(found: list[Job], march: str, threads: int, entries: dict, bar=None) 
             harness = build_harness(job, march, seed=len(e["searches"]))
             measure = HarnessMeasure(harness, job.recipe, threads, e.get("sample_seconds", SAMPLE_SECONDS[0]))
             e["verify"] = compare(measure, job.recipe, winner)
-            if e["verify"]["p_faster"] <= ALPHA:
+            if e["verify"]["p_slower"] > ALPHA:
                 e["use"] = store.schedule_text(job.schedules[winner])
             del harness, measure
         if bar is not None:
