@@ -4,9 +4,9 @@ searched twice within a time budget, then each stable winner verified against th
 A kernel's cost is seconds per token: one decode row (seq 1 after 1023 stored positions) plus a
 prompt chunk (seq 64 after 448) divided by its rows, so decode and prefill count alike. A sample
 is the fastest of three timings, each of enough repetitions; its length is chosen so that the
-whole grid fits the kernel's share of the budget. The
-second search repeats the first; a kernel whose winner changed is unstable and keeps the recipe,
-as does a winner that does not beat the recipe again in a final alternated comparison.
+whole grid fits the kernel's share of the budget. The second search repeats the first; a kernel
+whose winner changed is unstable and keeps the recipe. A stable winner is compared with the recipe
+once more (its gain) and dropped if that comparison finds it slower than the recipe.
 """
 from __future__ import annotations
 
