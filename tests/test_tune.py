@@ -19,6 +19,7 @@ from nanocompile.loopir.ir import Bin, FConst, IConst, Store
 from nanocompile.loopir.traverse import rewrite
 from nanocompile.schedule import directives as D
 from nanocompile.schedule.apply import apply, is_legal
+from nanocompile.schedule.program import kernel_digest
 from nanocompile.tune import store
 from nanocompile.tune.harness import KernelHarness
 from nanocompile.tune.search import Result, Trial, replay, search, sign_test
@@ -142,7 +143,6 @@ def test_a_tuned_library_differs_in_code_not_in_one_bit(tmp_path, monkeypatch):
     jobs, march = model_jobs(CFG)
     job = next(j for j in jobs if j.klass == "projection")
     other = job.schedules[job.order[-1]]  # the grid point farthest from the recipe
-    from nanocompile.schedule.program import kernel_digest
     table = ((kernel_digest(job.kernel), other),)
     module = compile_model(CFG, tuned=table)
     assert module.tuned_kernels == [job.name] and module.kernels[job.name].schedule == other
