@@ -6,7 +6,7 @@ output columns loads them at once, and each column's sum still runs over k in or
 
 Layout is a property of a buffer, not of one kernel: every kernel that reads a packed weight
 must read it packed (weight_layouts checks this across a program's calls). A state buffer may be
-packed too (the K cache in blocks of positions, so attention's scores load consecutive keys as a
+packed too (a state stored in blocks of positions, so a kernel reading consecutive positions loads them as a
 vector); the kernel that appends to it then stores in the same layout, element by element.
 """
 from __future__ import annotations

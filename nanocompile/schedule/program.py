@@ -3,7 +3,7 @@
 A weight one kernel reads packed must be read packed by every kernel that reads it (a tied
 embedding is both a matmul's operand and a gather's table), so a kernel that reads a packed
 weight without packing it gets the Pack directive added in front of its schedule. State is the
-same: the K cache packed by attention's scores is stored packed by the kernel that appends to it.
+same: a state buffer one kernel reads in blocks of positions is stored so by the kernel that appends to it.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ kernel wins, and the last resort is the kernel as fusion wrote it. The classes:
   symbolic columns   a matmul whose column loop has a symbolic extent (attention's scores over
                      every stored key): with vector code and keys in state, split the columns by
                      4 vectors, vectorize them and store the keys in blocks of those columns
-                     (the K cache in blocks of positions: consecutive keys adjacent at each
+                     (the state in blocks of positions: consecutive keys adjacent at each
                      element); else split the columns by 8 and unroll-and-jam the 8 (independent
                      accumulators); rows across threads;
   row and elementwise kernels: vectorize an innermost loop if it can be, then the basic recipe;
@@ -40,7 +40,7 @@ from .loops import check_parallel, check_unroll_jam
 # for the weights' vectors and a broadcast (bench/row_tile: 6 rows beat 4, 7 and 8); AVX2 has 16.
 TILES = {16: (6, 24), 8: (4, 12)}
 ATTENTION_ROWS = 8  # query rows unrolled and jammed in attention
-SCORE_VECTORS = 4   # vectors of keys per block of the K cache (independent sums in attention's scores)
+SCORE_VECTORS = 4   # vectors of keys per block of stored keys (independent sums in attention's scores)
 
 # the tuner's grid per kernel class; the pack block of a projection follows its columns (lanes x
 # columns per tile), and rows 0 keeps the rows outside the columns (no row tile)
