@@ -36,6 +36,27 @@ def kernel_digest(k: Kernel) -> str:
     return hashlib.sha256(format_kernel(lowered).encode()).hexdigest()[:20]
 
 
+def _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, unpackable) -> dict:
+    """Each kernel's measured schedule where one applies, else its recipe; state parameters bound
+    to an unpackable buffer in some call are not offered to the recipes for blocks."""
+    bound: dict[str, set] = {}
+    for prog in programs:
+        for call in prog.calls:
+            k = kernels[call.kernel]
+            bound.setdefault(call.kernel, set()).update(p.name for p, b in zip(k.params, call.args) if b in unpackable)
+    schedules = {}
+    for name, k in kernels.items():
+        measured = (tuned or {}).get(kernel_digest(k))
+        blocked = state.get(name, frozenset()) - bound.get(name, set())
+        if measured is not None and is_legal(k, measured) and not (
+                bound.get(name, set()) & {d.param for d in measured if isinstance(d, Pack)}):
+            schedules[name] = tuple(measured)
+        else:
+            schedules[name] = tuple(choose(k) if choose else
+                                    default_schedule(k, lanes, weights.get(name, ()), blocked))
+    return schedules
+
+
 def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=None,
                      tuned: dict | None = None) -> dict[str, tuple[int, int]]:
     """Schedules every kernel in place; returns buffer -> (row, block) for the packed weights.
@@ -45,35 +66,41 @@ def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=No
     programs = list(programs)
     weights = weight_params(kernels, programs)
     state = weight_params(kernels, programs, "state")
-    schedules = {}
-    for name, k in kernels.items():
-        measured = (tuned or {}).get(kernel_digest(k))
-        if measured is not None and is_legal(k, measured):
-            schedules[name] = tuple(measured)
-        else:
-            schedules[name] = tuple(choose(k) if choose else
-                                    default_schedule(k, lanes, weights.get(name, ()), state.get(name, ())))
+    unpackable: set[str] = set()  # state buffers a kernel cannot read in blocks: they stay position-major
+    while True:
+        schedules = _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, unpackable)
 
-    def layouts(strict):
-        tagged = {name: dataclasses.replace(k, schedule=tuple(schedules[name])) for name, k in kernels.items()}
-        out = {}
-        for prog in programs:
-            out.update(weight_layouts(tagged, prog.calls, prog.buffers, strict))
-        return out
+        def layouts(strict):
+            tagged = {name: dataclasses.replace(k, schedule=tuple(schedules[name])) for name, k in kernels.items()}
+            out = {}
+            for prog in programs:
+                out.update(weight_layouts(tagged, prog.calls, prog.buffers, strict))
+            return out
 
-    packed = layouts(strict=False)
-    for prog in programs:
-        for call in prog.calls:
-            k = kernels[call.kernel]
-            have = {d.param for d in schedules[call.kernel] if isinstance(d, Pack)}
-            added = tuple(Pack(p.name, *packed[b]) for p, b in zip(k.params, call.args)
-                          if b in packed and p.name not in have)
-            if added:
-                # its own recipe with the packs in front, else the recipe without vector code
-                # (a kernel vectorized along a weight's row reads it strided once packed)
-                candidates = [added + schedules[call.kernel], added + default_schedule(k, 0, ())]
-                # if neither applies, apply() below raises the last one's error
-                schedules[call.kernel] = first_legal(k, candidates) or candidates[-1]
+        refused, changed = set(), True
+        while changed and not refused:  # a kernel given a Pack may bind it to more buffers (a shared append)
+            changed = False
+            packed = layouts(strict=False)
+            for prog in programs:
+                for call in prog.calls:
+                    k = kernels[call.kernel]
+                    have = {d.param for d in schedules[call.kernel] if isinstance(d, Pack)}
+                    added = tuple(Pack(p.name, *packed[b]) for p, b in zip(k.params, call.args)
+                                  if b in packed and p.name not in have)
+                    if added:
+                        # its own recipe with the packs in front, else the recipe without vector code
+                        # (a kernel vectorized along a weight's row reads it strided once packed)
+                        candidates = [added + schedules[call.kernel], added + default_schedule(k, 0, ())]
+                        chosen = first_legal(k, candidates)
+                        if not chosen:
+                            refused |= {b for p, b in zip(k.params, call.args)
+                                        if b in packed and p.name not in have and prog.buffers[b].kind == "state"}
+                        # if neither applies (and no state buffer is to blame), apply() below raises
+                        schedules[call.kernel] = chosen or candidates[-1]
+                        changed = True
+        if not refused - unpackable:
+            break
+        unpackable |= refused
     packed = layouts(strict=True)  # raises if a parameter is bound to a packed and an unpacked weight
     for name, k in list(kernels.items()):
         kernels[name] = apply(k, schedules[name])
