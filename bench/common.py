@@ -47,9 +47,13 @@ def machine() -> dict:
 
 
 def vector_peak(probe: dict) -> dict:
-    """The probe's multiply-add peak at the widest vector it measured: AVX-512 if the CPU has
-    it, else AVX2 (the probe reports null for what the CPU lacks)."""
-    return probe.get("avx512_mul_add_gflop_s") or probe["avx2_mul_add_gflop_s"]
+    """The probe's peak for the kernels' inner step at the widest vector it measured: AVX-512 if
+    the CPU has it, else AVX2 (the probe reports null for what the CPU lacks); fused multiply-add
+    where measured (the kernels use it on targets with FMA; older probes measured mul+add only)."""
+    for key in ("avx512_fma_gflop_s", "avx512_mul_add_gflop_s", "avx2_fma_gflop_s"):
+        if probe.get(key):
+            return probe[key]
+    return probe["avx2_mul_add_gflop_s"]
 
 
 def summary(samples: list[float]) -> dict:

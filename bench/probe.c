@@ -1,10 +1,11 @@
 /* The machine's roofline inputs, measured with the instruction mix the kernels use.
  *
  *   read bandwidth: every thread sums its part of a buffer far larger than the caches
- *   vector peak: the matmul kernels' inner step, acc = acc + x * w with separate vmulps and
- *                vaddps (the kernels do not contract into FMA): the multiply is independent,
- *                the add chains through the accumulator; CHAINS accumulators, as a register
- *                tile holds, 16 lanes (AVX-512, where the CPU has it) and 8 lanes (AVX2)
+ *   vector peak: the matmul kernels' inner step, acc = fma(x, w, acc) (vfmadd: the kernels on
+ *                a target with FMA) and acc = acc + x * w with separate vmulps and vaddps (a
+ *                target without it): the accumulator chains through each step; CHAINS
+ *                accumulators, as a register tile holds, 16 lanes (AVX-512, where the CPU has
+ *                it) and 8 lanes (AVX2)
  *   int8 peak:   the int8 kernels' dot product of 4 pairs per lane (vpdpbusd, or vpmaddubsw +
  *                vpmaddwd), CHAINS int32 accumulators
  *
@@ -62,49 +63,41 @@ static void *read_part(void *arg)
 
 #define FLOP_ITERS 10000000L
 #define CHAINS 16
-#ifdef __AVX512F__
-static void *flops512(void *arg)
-{
-    long t = (long)arg;
-    __m512 x[CHAINS], y = _mm512_set1_ps(1.0000001f), z = _mm512_set1_ps(1e-7f);
-    for (int i = 0; i < CHAINS; ++i)
-        x[i] = _mm512_set1_ps((float)i);
-    pthread_barrier_wait(&start);
-    for (long it = 0; it < FLOP_ITERS; ++it)
-#pragma GCC unroll 16 /* the accumulators in registers, as in a kernel's register tile */
-        for (int i = 0; i < CHAINS; ++i)
-        {
-            __asm__("" : "+v"(z)); /* a new operand each step: the multiply is not hoisted */
-            x[i] = _mm512_add_ps(x[i], _mm512_mul_ps(y, z));
-        }
-    float s = 0;
-    for (int i = 0; i < CHAINS; ++i)
-        s += _mm512_reduce_add_ps(x[i]);
-    sums[t] = s;
-    return NULL;
-}
-#endif
 
-static void *flops256(void *arg)
-{
-    long t = (long)arg;
-    __m256 x[CHAINS], y = _mm256_set1_ps(1.0000001f), z = _mm256_set1_ps(1e-7f);
-    for (int i = 0; i < CHAINS; ++i)
-        x[i] = _mm256_set1_ps((float)i);
-    pthread_barrier_wait(&start);
-    for (long it = 0; it < FLOP_ITERS; ++it)
-#pragma GCC unroll 16 /* the accumulators in registers, as in a kernel's register tile */
-        for (int i = 0; i < CHAINS; ++i)
-        {
-            __asm__("" : "+v"(z));
-            x[i] = _mm256_add_ps(x[i], _mm256_mul_ps(y, z));
-        }
-    float s = 0;
-    for (int i = 0; i < CHAINS; ++i)
-        s += sum256(x[i]);
-    sums[t] = s;
-    return NULL;
-}
+/* One thread's peak loop: CHAINS accumulators x[i] = STEP(x[i], y, z) of vector type V. */
+#define PEAK_LOOP(name, V, SET1, STEP, HSUM)                                                      \
+    static void *name(void *arg)                                                                  \
+    {                                                                                             \
+        long t = (long)arg;                                                                       \
+        V x[CHAINS], y = SET1(1.0000001f), z = SET1(1e-7f);                                       \
+        for (int i = 0; i < CHAINS; ++i)                                                          \
+            x[i] = SET1((float)i);                                                                \
+        pthread_barrier_wait(&start);                                                             \
+        for (long it = 0; it < FLOP_ITERS; ++it)                                                  \
+            _Pragma("GCC unroll 16") /* the accumulators in registers, as in a register tile */   \
+            for (int i = 0; i < CHAINS; ++i) {                                                    \
+                __asm__("" : "+v"(z)); /* a new operand each step: the multiply is not hoisted */ \
+                x[i] = STEP(x[i], y, z);                                                          \
+            }                                                                                     \
+        float s = 0;                                                                              \
+        for (int i = 0; i < CHAINS; ++i)                                                          \
+            s += HSUM(x[i]);                                                                      \
+        sums[t] = s;                                                                              \
+        return NULL;                                                                              \
+    }
+
+#define MUL_ADD256(acc, y, z) _mm256_add_ps(acc, _mm256_mul_ps(y, z))
+#define FMA256(acc, y, z) _mm256_fmadd_ps(y, z, acc)
+PEAK_LOOP(flops256, __m256, _mm256_set1_ps, MUL_ADD256, sum256)
+#ifdef __FMA__
+PEAK_LOOP(fma256, __m256, _mm256_set1_ps, FMA256, sum256)
+#endif
+#ifdef __AVX512F__
+#define MUL_ADD512(acc, y, z) _mm512_add_ps(acc, _mm512_mul_ps(y, z))
+#define FMA512(acc, y, z) _mm512_fmadd_ps(y, z, acc)
+PEAK_LOOP(flops512, __m512, _mm512_set1_ps, MUL_ADD512, _mm512_reduce_add_ps)
+PEAK_LOOP(fma512, __m512, _mm512_set1_ps, FMA512, _mm512_reduce_add_ps)
+#endif
 
 /* The int8 kernels' inner step: a dot product of 4 int8 pairs per 32-bit lane into CHAINS int32
  * accumulators (vpdpbusd with VNNI; vpmaddubsw + vpmaddwd + vpaddd without, as nc_dot4 does). */
@@ -185,36 +178,54 @@ static int cmp(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* {"median": ..., "max": ...} of REPEATS measurements, sorted in place */
+static void summarize(double *v, char *out, size_t size)
+{
+    qsort(v, REPEATS, sizeof v[0], cmp);
+    snprintf(out, size, "{\"median\": %.1f, \"max\": %.1f}", v[REPEATS / 2], v[REPEATS - 1]);
+}
+
 int main(int argc, char **argv)
 {
     n_threads = argc > 1 ? atoi(argv[1]) : 2;
     buffer = aligned_alloc(64, BYTES);
     for (size_t i = 0; i < BYTES / sizeof(float); ++i)
         buffer[i] = 1.0f;
-    double bw[REPEATS], f512[REPEATS], f256[REPEATS], dot[REPEATS];
+    double bw[REPEATS], f512[REPEATS], f256[REPEATS], m512[REPEATS], m256[REPEATS], dot[REPEATS];
+    const double flops = 2.0 * CHAINS * FLOP_ITERS * n_threads; /* per lane */
     for (int r = 0; r < REPEATS; ++r) {
         bw[r] = BYTES / run(read_part) / 1e9;
 #ifdef __AVX512F__
-        f512[r] = 2.0 * 16 * CHAINS * FLOP_ITERS * n_threads / run(flops512) / 1e9;
+        f512[r] = 16 * flops / run(flops512) / 1e9;
+        m512[r] = 16 * flops / run(fma512) / 1e9;
 #endif
-        f256[r] = 2.0 * 8 * CHAINS * FLOP_ITERS * n_threads / run(flops256) / 1e9;
+        f256[r] = 8 * flops / run(flops256) / 1e9;
+#ifdef __FMA__
+        m256[r] = 8 * flops / run(fma256) / 1e9;
+#endif
         dot[r] = (double)DOT_MACS * CHAINS * DOT_ITERS * n_threads / run(dots) / 1e9;
     }
     qsort(dot, REPEATS, sizeof dot[0], cmp);
     qsort(bw, REPEATS, sizeof bw[0], cmp);
-    qsort(f256, REPEATS, sizeof bw[0], cmp);
-    char avx512[96] = "null";
+    char avx512[96] = "null", avx512_fma[96] = "null", avx2[96], avx2_fma[96] = "null";
+    summarize(f256, avx2, sizeof avx2);
+#ifdef __FMA__
+    summarize(m256, avx2_fma, sizeof avx2_fma);
+#else
+    (void)m256;
+#endif
 #ifdef __AVX512F__
-    qsort(f512, REPEATS, sizeof bw[0], cmp);
-    snprintf(avx512, sizeof avx512, "{\"median\": %.1f, \"max\": %.1f}", f512[REPEATS / 2], f512[REPEATS - 1]);
+    summarize(f512, avx512, sizeof avx512);
+    summarize(m512, avx512_fma, sizeof avx512_fma);
 #else
     (void)f512;
+    (void)m512;
 #endif
     printf("{\"threads\": %d, \"read_gb_s\": {\"median\": %.2f, \"max\": %.2f}, "
-           "\"avx512_mul_add_gflop_s\": %s, "
-           "\"avx2_mul_add_gflop_s\": {\"median\": %.1f, \"max\": %.1f}, "
+           "\"avx512_mul_add_gflop_s\": %s, \"avx512_fma_gflop_s\": %s, "
+           "\"avx2_mul_add_gflop_s\": %s, \"avx2_fma_gflop_s\": %s, "
            "\"int8_dot_gmac_s\": {\"median\": %.1f, \"max\": %.1f, \"kind\": \"%s\"}, \"check\": %g}\n",
-           n_threads, bw[REPEATS / 2], bw[REPEATS - 1], avx512, f256[REPEATS / 2], f256[REPEATS - 1],
+           n_threads, bw[REPEATS / 2], bw[REPEATS - 1], avx512, avx512_fma, avx2, avx2_fma,
            dot[REPEATS / 2], dot[REPEATS - 1], DOT_KIND, sums[0]);
     return 0;
 }

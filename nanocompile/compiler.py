@@ -5,6 +5,7 @@
     fusion     graph    decide which values get a buffer                   passes/fusion.py
     lower      loop IR  one kernel per root (per primitive unfused)        loopir/lower.py
     link       loop IR  one table of distinct kernels for every variant    loopir/link.py
+    separate   loop IR  matmul sums as multiply and add (no FMA)           loopir/separate.py
     schedule   loop IR  each kernel's recipe, the weights' layouts         schedule/program.py
     memory     loop IR  a static arena offset for every intermediate       loopir/plan.py
 
@@ -12,7 +13,7 @@ compile_program() runs them on every variant of a step program (the frontend's g
 signature) and returns a Module, which codegen/ renders as C. fuse=False skips cse, fold and
 fusion (one kernel per primitive: fusion's baseline); schedule=False skips schedule (every
 kernel on one thread, as lowered: the schedules' baseline). dump_after=STAGE prints the graph
-or the loop IR after that stage.
+or the loop IR after that stage. separate runs where the target has no FMA (Options.fma).
 """
 from __future__ import annotations
 
@@ -32,12 +33,13 @@ from .loopir.link import link
 from .loopir.lower import lower
 from .loopir.plan import MemoryPlan, plan_memory
 from .layout import WeightSlot, weight_layout
+from .loopir.separate import separate
 from .passes.cse import cse
 from .passes.fold import fold_constants
 from .passes.fusion import plan_fusion
-from .schedule.program import schedule_program
-from .signature import Signature, StepProgram
-from .target import detect_march, vector_lanes
+from .schedule.program import kernel_digest, schedule_program
+from .signature import Signature, StepProgram, identifier
+from .target import detect_march, has_fma, vector_lanes
 from .version import GENERATOR
 
 DEFAULT_CHUNK = 64
@@ -53,6 +55,8 @@ class Options:
     schedule: bool = True
     lanes: int | None = None         # vector lanes for the recipes; None: the march's
     choose: Callable | None = None   # kernel -> directives, replacing the recipes (tests)
+    fma: bool | None = None          # matmul sums as fused multiply-adds; None: if the march has FMA
+    tuned: tuple = ()                # (kernel digest, directives) pairs measured on this CPU (nanocompile/tune)
 
 
 @dataclass
@@ -94,8 +98,12 @@ def run_link(c: Compilation) -> None:
     c.kernels = link(c.programs.values())
 
 
+def run_separate(c: Compilation) -> None:
+    separate(c.kernels)
+
+
 def run_schedule(c: Compilation) -> None:
-    c.packed = schedule_program(c.kernels, c.programs.values(), c.lanes, c.options.choose)
+    c.packed = schedule_program(c.kernels, c.programs.values(), c.lanes, c.options.choose, dict(c.options.tuned))
 
 
 def run_memory(c: Compilation) -> None:
@@ -104,12 +112,13 @@ def run_memory(c: Compilation) -> None:
 
 
 STAGES = {"cse": run_cse, "fold": run_fold, "fusion": run_fusion, "lower": run_lower, "link": run_link,
-          "schedule": run_schedule, "memory": run_memory}
+          "separate": run_separate, "schedule": run_schedule, "memory": run_memory}
 GRAPH_STAGES = ("cse", "fold", "fusion")
 
 
 def stages_for(options: Options) -> list[str]:
     skipped = set(GRAPH_STAGES if not options.fuse else ()) | ({"schedule"} if not options.schedule else set())
+    skipped |= {"separate"} if options.fma else set()
     return [s for s in STAGES if s not in skipped]
 
 
@@ -151,6 +160,7 @@ class Module:
     plans: dict[str, MemoryPlan]
     weights: list[WeightSlot]
     consts: dict[str, np.ndarray]
+    state_blocks: dict[str, int] = field(default_factory=dict)  # state array -> positions per block
 
     @property
     def precision(self) -> str:
@@ -174,7 +184,13 @@ class Module:
         o = self.options
         return {"generator": GENERATOR, "config": self.signature.config, "precision": o.precision,
                 "max_chunk": o.max_chunk, "march": o.march, "isa": self.isa, "fused": o.fuse,
-                "scheduled": o.schedule}
+                "scheduled": o.schedule, "fma": o.fma, "tuned": self.tuned_hash}
+
+    @property
+    def tuned_hash(self) -> str | None:
+        """The measured schedules this module uses instead of recipes (None: the recipes alone)."""
+        used = sorted((name, [str(d) for d in self.kernels[name].schedule]) for name in self.tuned_kernels)
+        return hashlib.sha256(json.dumps(used).encode()).hexdigest()[:20] if used else None
 
     @property
     def fingerprint_json(self) -> str:
@@ -183,6 +199,12 @@ class Module:
     @property
     def fingerprint_hash(self) -> str:
         return hashlib.sha256(self.fingerprint_json.encode()).hexdigest()
+
+    @property
+    def tuned_kernels(self) -> list[str]:
+        """The kernels whose schedule was measured on this machine rather than a recipe's."""
+        table = dict(self.options.tuned)
+        return [name for name, k in self.kernels.items() if table.get(kernel_digest(k)) == k.schedule]
 
     @property
     def weights_bytes(self) -> int:
@@ -204,10 +226,13 @@ class Module:
 def resolve_options(options: Options) -> tuple[Options, list[str]]:
     """The options with the target level filled in, and the ISA flags it requires (none when a
     level was asked for explicitly: it may be built for another machine)."""
-    if options.march is not None:
-        return options, []
-    march, isa = detect_march()
-    return dataclasses.replace(options, march=march), isa
+    isa = []
+    if options.march is None:
+        march, isa = detect_march()
+        options = dataclasses.replace(options, march=march)
+    if options.fma is None:
+        options = dataclasses.replace(options, fma=has_fma(options.march))
+    return options, isa
 
 
 def compile_program(program: StepProgram, options: Options = Options(), dump_after: str | None = None,
@@ -218,14 +243,31 @@ def compile_program(program: StepProgram, options: Options = Options(), dump_aft
     for prog in c.programs.values():
         consts.update(prog.consts)
     return Module(program.signature, options, isa, c.kernels, c.programs, c.plans,
-                  weight_layout(program.signature, c.packed), consts)
+                  weight_layout(program.signature, c.packed), consts, state_blocks(program.signature, c.packed))
+
+
+def state_blocks(signature: Signature, packed: dict) -> dict[str, int]:
+    """State array -> the positions per block its buffers are stored in (the schedules chose it
+    for a kernel reading consecutive positions as a vector); arrays not listed are position-major."""
+    blocks: dict[str, set] = {}
+    for s in signature.state:
+        layout = packed.get(identifier(s.name))
+        if layout is not None and layout[0] != s.row:
+            raise ValueError(f"state {s.name} is packed in rows of {layout[0]}, not its {s.row} floats per position")
+        blocks.setdefault(s.array, set()).add(layout[1] if layout else 0)
+    for array, found in blocks.items():
+        if len(found) > 1:
+            raise ValueError(f"the buffers of state array {array} are stored in different layouts ({sorted(found)})")
+    return {a: found.pop() for a, found in blocks.items() if found != {0}}
 
 
 def compile_model(cfg: Qwen2Config, precision: str = "f32", max_chunk: int = DEFAULT_CHUNK,
                   march: str | None = None, fuse: bool = True, schedule: bool = True,
-                  dump_after: str | None = None, out: Callable[[str], None] = print) -> Module:
-    """A Qwen2 config, compiled: the frontend's step program through compile_program."""
-    options = Options(precision=precision, max_chunk=max_chunk, march=march, fuse=fuse, schedule=schedule)
+                  dump_after: str | None = None, out: Callable[[str], None] = print, tuned: tuple = ()) -> Module:
+    """A Qwen2 config, compiled: the frontend's step program through compile_program. tuned:
+    (kernel digest, directives) pairs measured on this machine, used where they apply."""
+    options = Options(precision=precision, max_chunk=max_chunk, march=march, fuse=fuse, schedule=schedule,
+                      tuned=tuple(tuned))
     return compile_program(qwen2_program(cfg, precision), options, dump_after, out)
 
 

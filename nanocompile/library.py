@@ -24,7 +24,8 @@ from .compiler import Module, compile_model
 from .errors import ContextFullError, InputError, ModelError, NanocompileError
 from .frontend.config import Qwen2Config
 from .pack import made_from, pack_weights
-from .target import missing_flags
+from .target import detect_march, missing_flags
+from .tune.store import store_path, tuned_table
 
 NC_OK, NC_ERR_ARGUMENT, NC_ERR_TOKEN, NC_ERR_CONTEXT, NC_ERR_WEIGHTS, NC_ERR_MEMORY, NC_ERR_CPU = range(7)
 
@@ -142,18 +143,22 @@ class CompiledSession:
     def __init__(self, config: Qwen2Config, weights: dict[str, np.ndarray], n_ctx: int = 4096, threads: int = 1,
                  weights_key: str | None = None, progress: bool = False, library: tuple[Path, dict] | None = None,
                  packed_path: Path | None = None, fuse: bool = True, schedule: bool = True,
-                 march: str | None = None, precision: str = "f32"):
+                 march: str | None = None, precision: str = "f32", tuned: bool = True):
         """weights: a WeightSource (or a dict of arrays: float32, or already in the precision's
         form), read only if the packed file must be made. weights_key, the source's content hash
         (LoadedModel.key): with it, the packed weights file is kept in the cache for the next run;
         without, it lives as long as the session. fuse=False builds the unfused library (one
         kernel per primitive): fusion's baseline; schedule=False the unscheduled one (one thread):
         the schedules' baseline; march another target than this CPU's (x86-64-v3: AVX2 code on an
-        AVX-512 machine); precision f32 or int8."""
+        AVX-512 machine); precision f32 or int8; tuned=False ignores the schedules `nanocompile
+        tune` measured on this CPU (the recipes alone)."""
         self.config = config
         self.n_ctx = check_n_ctx(n_ctx, config)
         self.precision = check_precision(precision)
-        self.module = compile_model(config, precision, fuse=fuse, schedule=schedule, march=march)
+        table = tuned_schedules(march) if tuned and schedule else ()
+        self.module = compile_model(config, precision, fuse=fuse, schedule=schedule, march=march, tuned=table)
+        if progress and self.module.tuned_kernels:
+            _say(f"using {len(self.module.tuned_kernels)} schedules tuned on this CPU ({tuned_store(march)})")
         lib_path, manifest = library or find_or_build(self.module, _say if progress else None)
         self.lib = Library(lib_path, manifest["prefix"])
         check_fingerprint(self.lib, self.module)
@@ -256,6 +261,18 @@ class CompiledSession:
             self.close()
         except Exception:
             pass
+
+
+def tuned_store(march: str | None) -> Path:
+    return store_path(march or detect_march()[0])
+
+
+def tuned_schedules(march: str | None) -> tuple:
+    """The schedules `nanocompile tune` measured on this CPU for this level (empty if none)."""
+    try:
+        return tuned_table(march or detect_march()[0])
+    except ValueError as e:
+        raise NanocompileError(str(e)) from None
 
 
 def _say(message: str) -> None:

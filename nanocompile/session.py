@@ -77,13 +77,14 @@ BACKENDS = ("compiled", "interp")
 
 
 def open_session(model, backend: str = "compiled", n_ctx: int = 4096, threads: int = 1, progress: bool = False,
-                 precision: str = "f32"):
-    """A session on a LoadedModel: the compiled library (default) or the NumPy interpreter."""
+                 precision: str = "f32", tuned: bool = True):
+    """A session on a LoadedModel: the compiled library (default) or the NumPy interpreter.
+    tuned=False: the recipes' schedules even where `nanocompile tune` measured others."""
     check_precision(precision)
     if backend == "interp":
         # every weight converted (and checked) before the first step
         return InterpreterSession(model.config, model.weights.materialize(), n_ctx=n_ctx, precision=precision)
     if backend == "compiled":
         return CompiledSession(model.config, model.weights, n_ctx=n_ctx, threads=threads,
-                               weights_key=model.key, progress=progress, precision=precision)
+                               weights_key=model.key, progress=progress, precision=precision, tuned=tuned)
     raise InputError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")

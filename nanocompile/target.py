@@ -102,6 +102,18 @@ def runnable_targets() -> list[str]:
     return [t for t in reversed(known_targets()) if set(level_flags(t)) <= cpu_flags()]
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
 def missing_flags(required) -> list[str]:
     return sorted(set(required) - cpu_flags())
 
@@ -112,3 +124,10 @@ def vector_lanes(march: str) -> int:
         flags = cpu_flags()
         return 16 if "avx512f" in flags else 8 if "avx2" in flags else 0
     return {"x86-64-v4": 16, "x86-64-v3": 8}.get(split_target(march)[0], 0)
+
+
+def has_fma(march: str) -> bool:
+    """Whether the target has fused multiply-add (x86-64-v3 and up; "native": this CPU)."""
+    if march == "native":
+        return "fma" in cpu_flags()
+    return "fma" in level_flags(march)

@@ -5,6 +5,7 @@
 #ifndef NC_VECTOR_H
 #define NC_VECTOR_H
 
+#include <immintrin.h>
 #include <math.h>
 #include <string.h>
 #if defined(__AVX2__)
@@ -120,6 +121,20 @@ static inline nc_i32x16 nc_dot4_16(nc_i32x16 acc, const int8_t *x, const int8_t 
     __m512i pairs = _mm512_maddubs_epi16(ax, sw);
     return acc + (nc_i32x16)_mm512_madd_epi16(pairs, _mm512_set1_epi16(1));
 #endif
+}
+#endif
+
+/* a * b + c rounded once in every lane: the scalar code's fmaf, lane by lane (vfmadd) */
+#if defined(__AVX2__) && defined(__FMA__)
+static inline nc_f32x8 nc_fma8(nc_f32x8 a, nc_f32x8 b, nc_f32x8 c)
+{
+    return (nc_f32x8)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+}
+#endif
+#if defined(__AVX512F__)
+static inline nc_f32x16 nc_fma16(nc_f32x16 a, nc_f32x16 b, nc_f32x16 c)
+{
+    return (nc_f32x16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
 }
 #endif
 

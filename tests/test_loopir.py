@@ -50,7 +50,7 @@ def test_weights_are_views_never_copies():
 def test_printer_shows_loops_and_calls():
     p = qwen2_program(tiny_config())
     text = format_program(lower(p.graphs["last"], p.signature))
-    assert "for i0 in 0..seq:" in text and "acc = (acc + (p1[" in text and "reduce k in 0..40:" in text
+    assert "for i0 in 0..seq:" in text and "acc = fma(p1[" in text and "reduce k in 0..40:" in text
     assert "call append_" in text and "buffer cache_0_k: state f32[n_ctx, 2, 10]" in text
 
 

@@ -30,4 +30,12 @@ def test_wheel_carries_templates_runtime_and_cmake():
 
 @pytest.mark.model
 def test_real_model_uses_the_shipped_library(real_model, real_compiled):
-    assert real_compiled.lib.path.parent == Path(nanocompile.__file__).parent / "lib"
+    """Without tuned schedules the shipped library; with them (`nanocompile tune` ran on this
+    CPU with this cache) a library built for them in the cache."""
+    from nanocompile.session import open_session
+
+    shipped = Path(nanocompile.__file__).parent / "lib"
+    untuned = open_session(real_model, "compiled", n_ctx=64, threads=1, tuned=False)
+    assert untuned.lib.path.parent == shipped
+    untuned.close()
+    assert (real_compiled.lib.path.parent == shipped) == (not real_compiled.module.tuned_kernels)

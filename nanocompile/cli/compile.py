@@ -21,7 +21,7 @@ def _size(n: int) -> str:
 def cmd_compile(args) -> int:
     from ..build import find_or_build
     from ..compiler import compile_model
-    from ..library import open_packed
+    from ..library import open_packed, tuned_schedules, tuned_store
     from ..models import load_model
 
     check_precision(args.precision)
@@ -34,10 +34,12 @@ def cmd_compile(args) -> int:
     model = load_model(args.model, progress=not args.quiet)
     if args.dump_after:
         stage(f"compiling, printing the IR after stage {args.dump_after}")
-        compile_model(model.config, precision=args.precision, march=args.march, dump_after=args.dump_after)
+        compile_model(model.config, precision=args.precision, march=args.march, dump_after=args.dump_after,
+                      tuned=() if args.no_tuned else tuned_schedules(args.march))
         return 0
     stage("compiling: graph, passes, loop IR, schedules")
-    module = compile_model(model.config, precision=args.precision, march=args.march)
+    tuned = () if args.no_tuned else tuned_schedules(args.march)
+    module = compile_model(model.config, precision=args.precision, march=args.march, tuned=tuned)
     stage(f"building the library ({module.march}, {len(module.kernels)} kernels) with CMake, or finding it built")
     lib, manifest = find_or_build(module)
     stage("packed weights: checking the cache, or packing them from the model file")
@@ -50,6 +52,12 @@ def cmd_compile(args) -> int:
     print(f"weights   {packed} ({_size(packed.stat().st_size)}), layout {module.layout_hash[:16]}, "
           f"{sum(1 for w in module.weights if w.packed)} of {len(module.weights)} tensors packed in blocks")
     print(f"workspace {_size(module.arena_bytes)} per session, plus the KV cache")
+    if module.tuned_kernels:
+        print(f"schedules {len(module.tuned_kernels)} of {len(module.kernels)} kernels tuned on this CPU "
+              f"({tuned_store(args.march)}), the rest from the recipes")
+    else:
+        print("schedules the recipes" + ("" if args.no_tuned else " (no tuned schedules for this CPU: "
+                                          "`nanocompile tune` measures them)"))
     return 0
 
 
@@ -60,5 +68,6 @@ def add_parser(sub) -> None:
     p.add_argument("--march", help="x86-64 level to compile for (default: this CPU's, e.g. x86-64-v4)")
     p.add_argument("--dump-after", choices=list(STAGE_NAMES), metavar="STAGE",
                    help=f"print the graph or loop IR after a stage and stop ({', '.join(STAGE_NAMES)})")
+    p.add_argument("--no-tuned", action="store_true", help="the recipes' schedules even if tuned ones exist")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_compile)

@@ -17,11 +17,31 @@ def _size(n: int) -> str:
 def _library_line(where: str, manifest: dict, built: bool) -> str:
     fp = manifest["fingerprint"]
     c = fp["config"]
-    what = (f"hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, {c['num_attention_heads']}/"
-            f"{c['num_key_value_heads']} heads, vocab {c['vocab_size']}")
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size")
+    if all(k in c for k in keys):
+        what = (f"hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, {c['num_attention_heads']}/"
+                f"{c['num_key_value_heads']} heads, vocab {c['vocab_size']}")
+    else:  # a library of another signature (tests/test_any_model.py's residual MLP)
+        what = ", ".join(f"{k} {v}" for k, v in sorted(c.items())) or manifest["prefix"].rstrip("_")
     flags = ("" if fp.get("fused", True) else ", unfused") + ("" if fp.get("scheduled", True) else ", unscheduled")
     state = "" if built else " (not built)"
     return f"  {manifest['prefix'].rstrip('_')}  {fp['march']}, {fp['precision']}{flags}: {what}  [{where}]{state}"
+
+
+def _tuned_lines(path: Path) -> str:
+    from ..tune.store import load
+    try:
+        data = load(path)
+    except ValueError as e:
+        return f"  {e}"
+    kernels = data["kernels"]
+    used = {n: e for n, e in kernels.items() if e.get("use")}
+    unstable = [n for n, e in kernels.items() if e.get("stable") is False]
+    lines = [f"  {path}: {data.get('cpu', '?')}, {data.get('march', '?')}, {data.get('threads', '?')} threads: "
+             f"{len(used)} of {len(kernels)} kernels use a measured schedule, {len(unstable)} unstable"]
+    for name, e in sorted(used.items()):
+        lines.append(f"    {name}: {', '.join(e['use'])} ({e['verify']['gain']:.2f}x the recipe)")
+    return "\n".join(lines)
 
 
 def cmd_info(args) -> int:
@@ -52,6 +72,11 @@ def cmd_info(args) -> int:
         found += 1
     if not found:
         print("  none: `nanocompile compile -m MODEL` builds one")
+    tuned = sorted((root / "tuned").glob("*.json"))
+    if tuned:
+        print("tuned schedules (nanocompile tune; compile and run use those of this CPU and level)")
+    for path in tuned:
+        print(_tuned_lines(path))
     packed = sorted((root / "packed").glob("*.bin"))
     if packed:
         print("packed weights")

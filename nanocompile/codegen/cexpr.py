@@ -7,7 +7,7 @@ import numpy as np
 
 from ..ir.expr import Expr
 from ..loopir.affine import build, linear
-from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, Cast, Dot, FConst, IConst, Lane, Load, Loop, Poly, Select,
+from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, Cast, Dot, FConst, Fma, IConst, Lane, Load, Loop, Poly, Select,
                          Store, Un, Var)
 from ..loopir.traverse import statements as all_statements
 from ..loopir.traverse import fold, walk
@@ -67,6 +67,8 @@ def c(e, top: bool = True) -> str:
         return text if not text.startswith("-") or top else f"({text})"
     if isinstance(e, (Bin, Un)):
         return operator(e, c, lambda op: UNARY[op], wrap)
+    if isinstance(e, Fma):
+        return f"fmaf({c(e.a)}, {c(e.b)}, {c(e.c)})"
     if isinstance(e, Select):
         return wrap(f"{c(e.cond, False)} ? {c(e.a, False)} : {c(e.b, False)}")
     if isinstance(e, Cast):
@@ -221,6 +223,8 @@ class VectorC:
             return e.name
         if isinstance(e, (Bin, Un)):
             return operator(e, self.expr, lambda op: f"nc_{UNARY[op]}{self.lanes}", wrap)
+        if isinstance(e, Fma):  # lane-uniform operands broadcast: each lane is the scalar fmaf
+            return f"nc_fma{self.lanes}({self.splat(e.a)}, {self.splat(e.b)}, {self.splat(e.c)})"
         if isinstance(e, Select):  # a condition the same in every lane (Vectorize refuses others)
             return wrap(f"{c(e.cond, False)} ? {self.splat(e.a)} : {self.splat(e.b)}")
         raise TypeError(f"no vector form for {e!r}")

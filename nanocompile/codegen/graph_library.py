@@ -59,6 +59,27 @@ def render_graph(graph: Graph, max_seq: int = 16, max_past: int = 16, fuse: bool
     return text, data["external"], plan.arena_bytes, module.march
 
 
+def compile_source(source: str, march: str, directory: Path) -> Path:
+    """C source with the runtime compiled into a shared library for an x86-64 level (or this
+    CPU), kept in directory under the hash of both; returns its path."""
+    flags = compiler_flags(march)
+    digest = hashlib.sha256(f"{flags}\n{source}".encode()).hexdigest()[:24]
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"graph_{digest}.so"
+    if not path.exists():
+        c_file = directory / f"graph_{digest}.c"
+        c_file.write_text(source)
+        tmp = path.with_suffix(f".tmp{os.getpid()}.so")
+        runtime = data_root() / "runtime"
+        cc = os.environ.get("CC", "cc")
+        r = subprocess.run([cc, *CFLAGS, *flags, f"-I{runtime}", str(c_file), str(runtime / "nc_runtime.c"),
+                            str(runtime / "nc_pool.c"), "-o", str(tmp), "-lm"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"{cc} failed on {c_file}:\n{r.stderr[-4000:]}")
+        os.replace(tmp, path)
+    return path
+
+
 class GraphLibrary:
     def __init__(self, graph: Graph, max_seq: int = 16, max_past: int = 16, directory: Path | None = None,
                  fuse: bool = False, schedule=None, lanes: int | None = None):
@@ -71,22 +92,7 @@ class GraphLibrary:
 
     def compile(self, source: str) -> Path:
         """Compiles C source (kept under its hash) into a shared library; returns its path."""
-        flags = compiler_flags(self.march)
-        digest = hashlib.sha256(f"{flags}\n{source}".encode()).hexdigest()[:24]
-        self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / f"graph_{digest}.so"
-        if not path.exists():
-            c_file = self.directory / f"graph_{digest}.c"
-            c_file.write_text(source)
-            tmp = path.with_suffix(f".tmp{os.getpid()}.so")
-            runtime = data_root() / "runtime"
-            cc = os.environ.get("CC", "cc")
-            r = subprocess.run([cc, *CFLAGS, *flags, f"-I{runtime}", str(c_file), str(runtime / "nc_runtime.c"),
-                                str(runtime / "nc_pool.c"), "-o", str(tmp), "-lm"], capture_output=True, text=True)
-            if r.returncode != 0:
-                raise RuntimeError(f"{cc} failed on {c_file}:\n{r.stderr[-4000:]}")
-            os.replace(tmp, path)
-        return path
+        return compile_source(source, self.march, self.directory)
 
     def load(self, path: Path) -> None:
         self.path = path

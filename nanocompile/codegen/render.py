@@ -98,7 +98,8 @@ def template_data(module: Module) -> dict:
     rows = {}
     for s in sig.state:
         rows.setdefault(s.array, s.row)
-    states = [{"array": a, "count": n, "row": rows[a]} for a, n in sig.state_arrays()]
+    states = [{"array": a, "count": n, "row": rows[a], "block": module.state_blocks.get(a, 0)}
+              for a, n in sig.state_arrays()]
     args = Arguments(module)
     return {
         "prefix": module.prefix,

@@ -105,6 +105,15 @@ class Un(Node):
 
 
 @dataclass(frozen=True)
+class Fma(Node):
+    """a * b + c rounded once (C's fmaf): a float32 sum of products on a target with FMA."""
+    a: Node
+    b: Node
+    c: Node
+    CHILDREN: ClassVar = ("a", "b", "c")
+
+
+@dataclass(frozen=True)
 class Select(Node):
     cond: Node
     a: Node
@@ -261,6 +270,8 @@ def format_expr(e) -> str:
         return f"({format_expr(e.a)} {e.op} {format_expr(e.b)})"
     if isinstance(e, Un):
         return f"{e.op}({format_expr(e.a)})"
+    if isinstance(e, Fma):
+        return f"fma({format_expr(e.a)}, {format_expr(e.b)}, {format_expr(e.c)})"
     if isinstance(e, Select):
         return f"select({format_expr(e.cond)}, {format_expr(e.a)}, {format_expr(e.b)})"
     if isinstance(e, Cast):

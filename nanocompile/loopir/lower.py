@@ -21,7 +21,7 @@ from ..ir.graph import Graph, Node
 from ..ir.ops import MOVEMENT, QBLOCK
 from ..signature import Signature, identifier, weight_buffer
 from . import views as V
-from .ir import (OUTPUT, REDUCTION, Acc, AccInit, AccUpdate, Bin, Buffer, Call, Cast, FConst, IConst, Kernel,
+from .ir import (OUTPUT, REDUCTION, Acc, AccInit, AccUpdate, Bin, Buffer, Call, Cast, FConst, Fma, IConst, Kernel,
                  Load, Loop, Param, Poly, Program, Select, Store, Un, Var)
 from .naming import kernel_name, slug
 from .traverse import free_vars
@@ -244,7 +244,10 @@ class KernelBody:
 
     def reduction(self, node: int, body_fn, extent_, kind: str, var_kind: str, depth_exprs,
                   dtype: str = "f32") -> Acc:
-        """An accumulator loop at the level its index depends on; body_fn(var) is one term.
+        """An accumulator loop at the level its index depends on; body_fn(var) is one term. kind
+        "dot": body_fn gives a term's two factors, and each step is a fused multiply-add (a matmul's
+        sum; loopir/separate.py splits them again for a target without FMA). dtype "i32": an exact
+        integer sum.
 
         Independent reductions over the same extent at the same level share one loop (gate and
         up of SwiGLU): each accumulator still adds its terms in the same order, and the two
@@ -255,7 +258,7 @@ class KernelBody:
         if dtype == "i32":  # an exact integer sum
             acc, init_value = self.fresh("isum"), IConst(0)
         else:
-            acc, init_value = self.fresh("acc"), FConst(0.0) if kind == "sum" else FConst(float("-inf"))
+            acc, init_value = self.fresh("acc"), FConst(float("-inf")) if kind == "max" else FConst(0.0)
         init = AccInit(acc, dtype, init_value)
         shared = next((s for s in owner.stmts if isinstance(s, Level) and s.extent == extent_
                        and not (s.reduces & self.low.ancestors(node))), None)
@@ -263,7 +266,10 @@ class KernelBody:
         self.stack = saved[:depth + 1] + [inner]
         try:
             term = body_fn(Var(inner.var))
-            update = Bin("+", Acc(acc), term) if kind == "sum" else term
+            if kind == "dot":
+                update, kind = Fma(*term, Acc(acc)), "sum"
+            else:
+                update = Bin("+", Acc(acc), term) if kind == "sum" else term
             inner.stmts.append(AccUpdate(acc, update, kind))
         finally:
             self.stack = saved
@@ -304,9 +310,9 @@ class KernelBody:
             batch = list(idx[:-2])
 
             def term(k):
-                return Bin("*", self.load(a, "f32", batch + [idx[-2], k]), self.load(b, "f32", batch + [k, idx[-1]]))
+                return self.load(a, "f32", batch + [idx[-2], k]), self.load(b, "f32", batch + [k, idx[-1]])
 
-            return self.reduction(n.id, term, extent(a.shape[-1]), "sum", "k", idx)
+            return self.reduction(n.id, term, extent(a.shape[-1]), "dot", "k", idx)
         if n.op == "block_matmul":
             return self.block_matmul(n, args, idx)
         if n.op == "gather":

@@ -2,7 +2,9 @@
 
 A value gets a buffer (it is a kernel's root) when it must: a graph output; a matmul operand (a
 matmul reads its operands many times); what a state buffer appends (the root then stores
-straight into the state); a gather; sin and cos (tables, typically read many times). And
+straight into the state); a gather; sin and cos (tables, typically read many times); an exp that
+a reduction and another consumer both read (softmax's numerators: computed once, not once for the
+sum and again for the output). And
 a matmul's epilogue: the elementwise ops that follow a matmul at its own shape (bias, residual,
 SiLU, the SwiGLU product) join it, and the region they form has one root, its single exit.
 
@@ -80,6 +82,9 @@ def plan_fusion(graph: Graph, state: frozenset[str] = frozenset()) -> FusionPlan
         if n.id not in live:
             continue
         if n.op in ("gather", "sin", "cos"):
+            must.add(n.id)
+        uses = consumers[n.id]
+        if n.op == "exp" and len(uses) > 1 and any(c.op in ("reduce_sum", "reduce_max") for c in uses):
             must.add(n.id)
         if n.op in MATMULS:
             for a in n.args:

@@ -5,18 +5,21 @@ block]: at each k, `block` consecutive output columns are adjacent, so a vector 
 output columns loads them at once, and each column's sum still runs over k in order.
 
 Layout is a property of a buffer, not of one kernel: every kernel that reads a packed weight
-must read it packed (weight_layouts checks this across a program's calls).
+must read it packed (weight_layouts checks this across a program's calls). A state buffer may be
+packed too (a state stored in blocks of positions, so a kernel reading consecutive positions loads them as a
+vector); the kernel that appends to it then stores in the same layout, element by element.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..loopir.affine import build, linear
-from ..loopir.ir import Bin, IConst, Kernel, Lane, Load, Var
-from ..loopir.traverse import find_loop, loops, rewrite_in_loops
+from ..ir.expr import Expr
+from ..loopir.ir import Bin, IConst, Kernel, Lane, Load, Poly, Store, Var
+from ..loopir.traverse import find_loop, loops, rewrite, rewrite_in_loops, statements
 from .directives import Pack, ScheduleError
 
-PACKABLE = ("f32", "i8", "f16")
+PACKABLE_DTYPES = ("f32", "i8", "f16")
 
 
 def _range(k: Kernel, atom, lanes: dict) -> int | None:
@@ -33,6 +36,11 @@ def _range(k: Kernel, atom, lanes: dict) -> int | None:
 def packed_index(k: Kernel, d: Pack, index, lanes: dict):
     """The blocked-layout index of the element a row-major index names."""
     terms, const = linear(index)
+    for atom, c in list(terms.items()):  # a whole number of rows in seq and past (a state's past rows)
+        if isinstance(atom, Poly) and c % d.row and all(v * c % d.row == 0 for v in atom.expr.terms.values()):
+            del terms[atom]
+            rows = Poly(Expr({m: v * c // d.row for m, v in atom.expr.terms.items()}))
+            terms[rows] = terms.get(rows, 0) + d.row
     row_terms = {a: c // d.row for a, c in terms.items() if c % d.row == 0}
     col_terms = {a: c for a, c in terms.items() if c % d.row}
     row_const, col_const = divmod(const, d.row)
@@ -73,9 +81,9 @@ def pack(k: Kernel, d: Pack) -> tuple:
     param = next((p for p in k.params if p.name == d.param), None)
     if param is None:
         raise ScheduleError(f"{k.name}: no parameter {d.param!r} to pack")
-    if param.access != "read" or param.dtype not in PACKABLE:
-        raise ScheduleError(f"{k.name}: {d.param} is {param.access} {param.dtype}; only weights the kernel reads "
-                            f"({', '.join(PACKABLE)}) are packed")
+    if param.dtype not in PACKABLE_DTYPES:
+        raise ScheduleError(f"{k.name}: {d.param} holds {param.dtype}; only {', '.join(PACKABLE_DTYPES)} buffers "
+                            f"are packed")
     if d.block < 2 or d.row < 1:
         raise ScheduleError(f"{k.name}: Pack({d.param}) needs rows of at least 1 and blocks of at least 2 rows")
     if d.group < 1 or d.row % d.group:
@@ -90,7 +98,20 @@ def pack(k: Kernel, d: Pack) -> tuple:
         lanes = {"lane": vector[-1].lanes - 1} if vector else {}
         return Load(n.param, packed_index(k, d, n.index, lanes))
 
-    return rewrite_in_loops(k.body, packed_load)
+    body = rewrite_in_loops(k.body, packed_load)
+    if param.access == "read":
+        return body
+    vector_loops = [lp for lp in loops(body) if lp.lanes]
+    if any(isinstance(s, Store) and s.param == d.param for lp in vector_loops for s in statements(lp.body)):
+        raise ScheduleError(f"{k.name}: {d.param} is stored from a vector loop; in blocks its lanes' elements "
+                            f"would not be adjacent")
+
+    def packed_store(n):
+        if isinstance(n, Store) and n.param == d.param:  # scalar: no lanes
+            return Store(n.param, packed_index(k, d, n.index, {}), n.value)
+        return None
+
+    return rewrite(body, packed_store)
 
 
 # the weights file -------------------------------------------------------------------------------
@@ -105,8 +126,11 @@ def pack_array(array: np.ndarray, row: int, block: int, group: int = 1) -> np.nd
     return np.ascontiguousarray(blocked).reshape(array.shape)
 
 
+PACKABLE_KINDS = ("weight", "state")  # buffer kinds that may be stored in blocks
+
+
 def weight_layouts(kernels: dict, calls, buffers: dict, strict: bool = True) -> dict[str, tuple[int, int]]:
-    """Buffer name -> (row, block) for every packed weight; raises if kernels disagree (if not
+    """Buffer name -> (row, block) for every packed weight or state buffer; raises if kernels disagree (if not
     strict, a kernel reading a weight row-major does not count: it is to be given Pack)."""
     layouts: dict[str, tuple | None] = {}
     for call in calls:
@@ -114,9 +138,9 @@ def weight_layouts(kernels: dict, calls, buffers: dict, strict: bool = True) -> 
         packs = {d.param: d.layout for d in k.schedule if isinstance(d, Pack)}
         for param, buffer in zip(k.params, call.args):
             layout = packs.get(param.name)
-            if layout is not None and buffers[buffer].kind != "weight":
-                raise ScheduleError(f"{k.name}: Pack({param.name}) on {buffer}, which is not a weight")
-            if buffers[buffer].kind != "weight" or (layout is None and not strict):
+            if layout is not None and buffers[buffer].kind not in PACKABLE_KINDS:
+                raise ScheduleError(f"{k.name}: Pack({param.name}) on {buffer}, which is neither a weight nor state")
+            if buffers[buffer].kind not in PACKABLE_KINDS or (layout is None and not strict):
                 continue
             if buffer in layouts and layouts[buffer] != layout:
                 raise ScheduleError(f"{buffer} is read as {_describe(layouts[buffer])} by one kernel and as "

@@ -2,59 +2,105 @@
 
 A weight one kernel reads packed must be read packed by every kernel that reads it (a tied
 embedding is both a matmul's operand and a gather's table), so a kernel that reads a packed
-weight without packing it gets the Pack directive added in front of its schedule.
+weight without packing it gets the Pack directive added in front of its schedule. State is the
+same: a state buffer one kernel reads in blocks of positions is stored so by the kernel that appends to it.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
-from ..loopir.ir import Kernel
-from .apply import apply, first_legal
+from ..loopir.ir import Kernel, format_kernel
+from .apply import apply, first_legal, is_legal
 from .directives import Pack
 from .pack import weight_layouts
 from .recipes import default_schedule
 
 
-def weight_params(kernels: dict[str, Kernel], programs) -> dict[str, frozenset]:
-    """Kernel name -> the parameters bound to a weight buffer in every call."""
+def weight_params(kernels: dict[str, Kernel], programs, kind: str = "weight") -> dict[str, frozenset]:
+    """Kernel name -> the parameters bound to a weight buffer (or another kind) in every call."""
     seen: dict[str, dict[str, bool]] = {}
     for prog in programs:
         for call in prog.calls:
             k = kernels[call.kernel]
             flags = seen.setdefault(call.kernel, {p.name: True for p in k.params})
             for p, buffer in zip(k.params, call.args):
-                flags[p.name] = flags[p.name] and prog.buffers[buffer].kind == "weight"
+                flags[p.name] = flags[p.name] and prog.buffers[buffer].kind == kind
     return {name: frozenset(p for p, ok in flags.items() if ok) for name, flags in seen.items()}
 
 
-def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=None) -> dict[str, tuple[int, int]]:
-    """Schedules every kernel in place; returns buffer -> (row, block) for the packed weights.
-    choose(kernel) -> directives replaces the recipes (tests use it to try other schedules)."""
-    programs = list(programs)
-    weights = weight_params(kernels, programs)
-    schedules = {name: tuple(choose(k) if choose else default_schedule(k, lanes, weights.get(name, ())))
-                 for name, k in kernels.items()}
+def kernel_digest(k: Kernel) -> str:
+    """Identifies what a kernel computes before its schedule (its loop IR as lowered, with its
+    name): the key a tuned schedule is stored under. A scheduled kernel gives its lowered form's."""
+    lowered = dataclasses.replace(k, body=k.lowered or k.body, schedule=(), lowered=())
+    return hashlib.sha256(format_kernel(lowered).encode()).hexdigest()[:20]
 
-    def layouts(strict):
-        tagged = {name: dataclasses.replace(k, schedule=tuple(schedules[name])) for name, k in kernels.items()}
-        out = {}
-        for prog in programs:
-            out.update(weight_layouts(tagged, prog.calls, prog.buffers, strict))
-        return out
 
-    packed = layouts(strict=False)
+def _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, unpackable) -> dict:
+    """Each kernel's measured schedule where one applies, else its recipe; state parameters bound
+    to an unpackable buffer in some call are not offered to the recipes for blocks."""
+    bound: dict[str, set] = {}
     for prog in programs:
         for call in prog.calls:
             k = kernels[call.kernel]
-            have = {d.param for d in schedules[call.kernel] if isinstance(d, Pack)}
-            added = tuple(Pack(p.name, *packed[b]) for p, b in zip(k.params, call.args)
-                          if b in packed and p.name not in have)
-            if added:
-                # its own recipe with the packs in front, else the recipe without vector code
-                # (a kernel vectorized along a weight's row reads it strided once packed)
-                candidates = [added + schedules[call.kernel], added + default_schedule(k, 0, ())]
-                # if neither applies, apply() below raises the last one's error
-                schedules[call.kernel] = first_legal(k, candidates) or candidates[-1]
+            bound.setdefault(call.kernel, set()).update(p.name for p, b in zip(k.params, call.args) if b in unpackable)
+    schedules = {}
+    for name, k in kernels.items():
+        measured = (tuned or {}).get(kernel_digest(k))
+        blocked = state.get(name, frozenset()) - bound.get(name, set())
+        if measured is not None and is_legal(k, measured) and not (
+                bound.get(name, set()) & {d.param for d in measured if isinstance(d, Pack)}):
+            schedules[name] = tuple(measured)
+        else:
+            schedules[name] = tuple(choose(k) if choose else
+                                    default_schedule(k, lanes, weights.get(name, ()), blocked))
+    return schedules
+
+
+def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=None,
+                     tuned: dict | None = None) -> dict[str, tuple[int, int]]:
+    """Schedules every kernel in place; returns buffer -> (row, block) for the packed weights.
+    choose(kernel) -> directives replaces the recipes (tests use it to try other schedules);
+    tuned maps kernel_digest() to a schedule measured on this machine (nanocompile/tune), used
+    where it applies instead of the recipe."""
+    programs = list(programs)
+    weights = weight_params(kernels, programs)
+    state = weight_params(kernels, programs, "state")
+    unpackable: set[str] = set()  # state buffers a kernel cannot read in blocks: they stay position-major
+    while True:
+        schedules = _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, unpackable)
+
+        def layouts(strict):
+            tagged = {name: dataclasses.replace(k, schedule=tuple(schedules[name])) for name, k in kernels.items()}
+            out = {}
+            for prog in programs:
+                out.update(weight_layouts(tagged, prog.calls, prog.buffers, strict))
+            return out
+
+        refused, changed = set(), True
+        while changed and not refused:  # a kernel given a Pack may bind it to more buffers (a shared append)
+            changed = False
+            packed = layouts(strict=False)
+            for prog in programs:
+                for call in prog.calls:
+                    k = kernels[call.kernel]
+                    have = {d.param for d in schedules[call.kernel] if isinstance(d, Pack)}
+                    added = tuple(Pack(p.name, *packed[b]) for p, b in zip(k.params, call.args)
+                                  if b in packed and p.name not in have)
+                    if added:
+                        # its own recipe with the packs in front, else the recipe without vector code
+                        # (a kernel vectorized along a weight's row reads it strided once packed)
+                        candidates = [added + schedules[call.kernel], added + default_schedule(k, 0, ())]
+                        chosen = first_legal(k, candidates)
+                        if not chosen:
+                            refused |= {b for p, b in zip(k.params, call.args)
+                                        if b in packed and p.name not in have and prog.buffers[b].kind == "state"}
+                        # if neither applies (and no state buffer is to blame), apply() below raises
+                        schedules[call.kernel] = chosen or candidates[-1]
+                        changed = True
+        if not refused - unpackable:
+            break
+        unpackable |= refused
     packed = layouts(strict=True)  # raises if a parameter is bound to a packed and an unpacked weight
     for name, k in list(kernels.items()):
         kernels[name] = apply(k, schedules[name])

@@ -13,18 +13,26 @@ kernel wins, and the last resort is the kernel as fusion wrote it. The classes:
                      probabilities times the stored values): vectorize the columns, move the
                      rows inside and unroll-and-jam 8 of them;
   symbolic columns   a matmul whose column loop has a symbolic extent (attention's scores over
-                     every stored key): split the columns by 8 and unroll-and-jam the 8
-                     (independent accumulators), split rows across threads;
+                     every stored key): with vector code and keys in state, split the columns by
+                     4 vectors, vectorize them and store the keys in blocks of those columns
+                     (the state in blocks of positions: consecutive keys adjacent at each
+                     element); else split the columns by 8 and unroll-and-jam the 8 (independent
+                     accumulators); rows across threads;
   row and elementwise kernels: vectorize an innermost loop if it can be, then the basic recipe;
   basic              parallelize the output loop with the most iterations known at compile time
                      (>= 16), else the outermost symbolic one, unrolled and jammed by 8, 4 or 2.
+
+Each class's recipe is one point of a grid of knobs (KNOBS: columns per tile, row tile, split,
+unroll factor, which loop runs in parallel, vector code or not); search_space() lists a kernel's
+legal points for the tuner (nanocompile/tune), which measures them on the machine at hand.
 """
 from __future__ import annotations
 
-from ..loopir.ir import AccInit, IConst, Kernel, Loop
+from ..loopir.affine import linear
+from ..loopir.ir import AccInit, IConst, Kernel, Loop, Var
 from ..loopir.traverse import find_loop, loads, loops
-from .apply import first_legal
-from .directives import DotProduct, Pack, Parallel, Reorder, ScheduleError, Split, UnrollJam, Vectorize
+from .apply import first_legal, is_legal
+from .directives import DotProduct, Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam, Vectorize
 from .loops import check_parallel, check_unroll_jam
 
 # a projection's register tile by lanes: (rows sharing each vector of weights, vector
@@ -36,12 +44,23 @@ TILES = {16: (6, 24), 8: (4, 12)}
 # |x| and sign; AVX2: 2 rows x 2 column vectors x 2 = 8 of 16.
 TILES_INT8 = {16: (3, 24), 8: (2, 8)}
 ATTENTION_ROWS = 8  # query rows unrolled and jammed in attention
+SCORE_VECTORS = 4   # vectors of keys per block of stored keys (independent sums in attention's scores)
+
+# the tuner's grid per kernel class; the pack block of a projection follows its columns (lanes x
+# columns per tile), and rows 0 keeps the rows outside the columns (no row tile)
+KNOBS = {
+    "projection": {"columns": (1, 2, 4, 8), "rows": (0, 1, 2, 3, 4, 5, 6, 7, 8)},
+    "activation product": {"rows": (1, 2, 4, 8, 16)},
+    "symbolic columns": {"split": (2, 4, 8, 16), "vectors": (1, 2, 4, 8)},  # vectors: of keys in state
+    "row or elementwise": {"vector": (True, False), "unroll": (1, 2, 4, 8)},
+}
 
 
-def default_schedule(k: Kernel, lanes: int = 0, weights=frozenset()) -> tuple:
+def default_schedule(k: Kernel, lanes: int = 0, weights=frozenset(), state=frozenset()) -> tuple:
     """The first legal candidate of the kernel's recipes. lanes: 16 (AVX-512), 8 (AVX2) or 0
-    (no vector code); weights: the parameters bound to weights, which may be packed."""
-    return first_legal(k, _candidates(k, lanes, frozenset(weights)))
+    (no vector code); weights: the parameters bound to weights, which may be packed; state: those
+    bound to state buffers, which may be packed in blocks of positions."""
+    return first_legal(k, _candidates(k, lanes, frozenset(weights), frozenset(state)))
 
 
 def _column_loop(k: Kernel):
@@ -73,7 +92,7 @@ def _block_column_loop(k: Kernel):
     return None
 
 
-def _candidates(k: Kernel, lanes: int, weights: frozenset):
+def _candidates(k: Kernel, lanes: int, weights: frozenset, state: frozenset = frozenset()):
     block = _block_column_loop(k)
     if block and lanes:
         yield from _block_projection(k, *block, lanes, weights)
@@ -83,10 +102,13 @@ def _candidates(k: Kernel, lanes: int, weights: frozenset):
         packed = sorted({ld.param for ld in loads(reduction.body) if ld.param in weights})
         if lanes and packed and isinstance(reduction.extent, IConst):
             yield from _projection(k, col, row, reduction, lanes, packed)
-        if lanes and not packed and row is not None:
+        if lanes and not packed and row is not None and isinstance(col.extent, IConst):
             yield from _activation_product(col, row, lanes)
         if row is not None and not isinstance(col.extent, IConst):
-            yield [Split(col.var, 8), UnrollJam(col.var + "i", 8), Parallel(row.var)]
+            keys = stored_rows(col, reduction, state)
+            if lanes and keys:
+                yield symbolic_columns(col, row, SCORE_VECTORS * lanes, lanes, keys)
+            yield symbolic_columns(col, row, 8)
     if lanes:
         for lp in loops(k.body):
             if lp.is_output and not any(isinstance(s, Loop) for s in lp.body):
@@ -100,14 +122,21 @@ def _projection(k: Kernel, col: Loop, row, reduction: Loop, lanes: int, packed: 
     for columns in (4, 2, 1):
         if columns * accumulators * rows > budget and columns > 1:
             continue
-        # the columns one iteration reads are one block: a thread reads one stream of weights
-        unroll = ([UnrollJam(col.var, columns)] if columns > 1 else []) + \
-            [Pack(p, reduction.extent.value, lanes * columns) for p in packed]
-        base = [Vectorize(col.var, lanes)]
         if row is not None and not isinstance(row.extent, IConst):
-            yield base + unroll + [Reorder(row.var, col.var), Split(row.var, rows),
-                                   UnrollJam(row.var + "i", rows), Parallel(col.var)]
-        yield base + unroll + [Parallel(col.var)]
+            yield projection(col, row, reduction, lanes, packed, columns, rows)
+        yield projection(col, row, reduction, lanes, packed, columns, 0)
+
+
+def projection(col: Loop, row, reduction: Loop, lanes: int, packed: list, columns: int, rows: int) -> list:
+    """Vector columns, `columns` vectors per tile (the packed block), `rows` rows inside the
+    columns sharing each block (0: the rows stay outside), the column blocks across threads."""
+    # the columns one iteration reads are one block: a thread reads one stream of weights
+    unroll = ([UnrollJam(col.var, columns)] if columns > 1 else []) + \
+        [Pack(p, reduction.extent.value, lanes * columns) for p in packed]
+    tile = []
+    if rows and row is not None:
+        tile = [Reorder(row.var, col.var)] + ([Split(row.var, rows), UnrollJam(row.var + "i", rows)] if rows > 1 else [])
+    return [Vectorize(col.var, lanes)] + unroll + tile + [Parallel(col.var)]
 
 
 def _block_projection(k: Kernel, col: Loop, row, blocks: Loop, products: Loop, lanes: int, weights: frozenset):
@@ -139,10 +168,40 @@ def _block_projection(k: Kernel, col: Loop, row, blocks: Loop, products: Loop, l
 
 
 def _activation_product(col: Loop, row: Loop, lanes: int):
+    yield activation_product(col, row, lanes, ATTENTION_ROWS)
+    yield activation_product(col, row, lanes, 1)
+
+
+def activation_product(col: Loop, row: Loop, lanes: int, rows: int) -> list:
+    """Vector columns, `rows` rows inside them unrolled and jammed, rows across threads."""
     r = row.var
-    yield [Vectorize(col.var, lanes), Reorder(r, col.var), Split(r, ATTENTION_ROWS),
-           UnrollJam(r + "i", ATTENTION_ROWS), Parallel(r + "o"), Parallel(r + "t")]
-    yield [Vectorize(col.var, lanes), Parallel(r)]
+    if rows == 1:
+        return [Vectorize(col.var, lanes), Parallel(r)]
+    return [Vectorize(col.var, lanes), Reorder(r, col.var), Split(r, rows), UnrollJam(r + "i", rows),
+            Parallel(r + "o"), Parallel(r + "t")]
+
+
+def symbolic_columns(col: Loop, row: Loop, split: int, lanes: int = 0, keys: dict | None = None) -> list:
+    """Columns split by `split` and those unrolled and jammed (independent sums), rows across
+    threads. With lanes: the split's columns are vectors of `lanes` consecutive columns, read from
+    state stored in blocks of `split` of its rows (keys: parameter -> its row, stored_rows())."""
+    if not lanes:
+        return [Split(col.var, split), UnrollJam(col.var + "i", split), Parallel(row.var)]
+    unroll = [UnrollJam(col.var + "i", split // lanes)] if split > lanes else []
+    return [Split(col.var, split), Vectorize(col.var + "i", lanes)] + unroll + \
+        [Pack(p, size, split) for p, size in sorted(keys.items())] + [Parallel(row.var)]
+
+
+def stored_rows(col: Loop, reduction: Loop, state: frozenset) -> dict:
+    """State parameters the reduction reads one row per column (attention's keys): parameter ->
+    its row's elements, the column's stride in the index. Empty if there are none."""
+    found = {}
+    for ld in loads(reduction.body):
+        if ld.param in state:
+            stride = linear(ld.index)[0].get(Var(col.var), 0)
+            if stride > 1:
+                found[ld.param] = stride
+    return found
 
 
 def _basic(k: Kernel) -> tuple:
@@ -178,3 +237,69 @@ def _basic(k: Kernel) -> tuple:
             continue
     return (Parallel(var),)
 
+
+
+# the tuner's search space -------------------------------------------------------------------------
+
+def kernel_class(k: Kernel, lanes: int, weights=frozenset(), state=frozenset()) -> str:
+    """Which recipe a kernel gets: projection, activation product, symbolic columns, or row or
+    elementwise."""
+    found = _column_loop(k)
+    if found:
+        col, row, reduction = found
+        packed = [ld.param for ld in loads(reduction.body) if ld.param in weights]
+        if lanes and packed and isinstance(reduction.extent, IConst):
+            return "projection"
+        if lanes and not packed and row is not None and isinstance(col.extent, IConst):
+            return "activation product"
+        if row is not None and not isinstance(col.extent, IConst):
+            return "symbolic columns"
+    return "row or elementwise"
+
+
+def search_space(k: Kernel, lanes: int, weights=frozenset(), state=frozenset()) -> list[tuple[dict, tuple]]:
+    """(knobs, schedule) for every legal point of the kernel's class grid (KNOBS), each schedule
+    once; the recipe's own choice is among them when it is a grid point."""
+    weights = frozenset(weights)
+    cls = kernel_class(k, lanes, weights)
+    grid = KNOBS[cls]
+    points = []
+    found = _column_loop(k)
+    if cls == "projection":
+        col, row, reduction = found
+        packed = sorted({ld.param for ld in loads(reduction.body) if ld.param in weights})
+        points = [({"columns": c, "rows": r}, projection(col, row, reduction, lanes, packed, c, r))
+                  for c in grid["columns"] for r in grid["rows"]]
+    elif cls == "activation product":
+        col, row, _ = found
+        points = [({"rows": r}, activation_product(col, row, lanes, r)) for r in grid["rows"]]
+    elif cls == "symbolic columns":
+        col, row, reduction = found
+        points = [({"split": f, "vectors": 0}, symbolic_columns(col, row, f)) for f in grid["split"]]
+        keys = stored_rows(col, reduction, frozenset(state))
+        if lanes and keys:
+            points += [({"split": u * lanes, "vectors": u}, symbolic_columns(col, row, u * lanes, lanes, keys))
+                       for u in grid["vectors"]]
+    else:
+        inner = next((lp.var for lp in loops(k.body) if lp.is_output and not any(isinstance(s, Loop) for s in lp.body)),
+                     None)
+        for vector in grid["vector"]:
+            if vector and not (lanes and inner):
+                continue
+            head = [Vectorize(inner, lanes)] if vector else []
+            for lp in loops(k.body):
+                if not lp.is_output:
+                    continue
+                for f in grid["unroll"]:
+                    for kind in ((UnrollJam, Unroll) if f > 1 else (None,)):
+                        unroll = [kind(lp.var, f)] if kind else []
+                        knobs = {"vector": vector, "parallel": lp.var, "unroll": f,
+                                 "jam": kind is UnrollJam}
+                        points.append((knobs, head + unroll + [Parallel(lp.var)]))
+    out, seen = [], set()
+    for knobs, schedule in points:
+        schedule = tuple(schedule)
+        if schedule not in seen and is_legal(k, schedule):
+            seen.add(schedule)
+            out.append((knobs, schedule))
+    return out

@@ -1,0 +1,68 @@
+"""Attention in vector lanes and softmax's exps computed once (issue 14, point 5).
+
+The scores (Q times every stored key) vectorize across keys: the K cache is stored in blocks of
+positions ([n_ctx / B][row][B]), so at each element of a head consecutive keys are adjacent; the
+kernel that appends keys stores them in that layout, and read_state gives them back
+position-major. Softmax's exps get a buffer (fusion), so each is computed once. Both keep every
+bit: the scheduled library equals the unscheduled one (position-major, one kernel per root) at
+every prompt length and context, including n_ctx and pasts that are not whole blocks.
+"""
+import numpy as np
+import pytest
+
+from nanocompile.compiler import compile_model
+from nanocompile.library import CompiledSession
+from nanocompile.loopir.ir import Un
+from nanocompile.loopir.traverse import walk
+from nanocompile.schedule.directives import Pack, Vectorize
+
+from helpers import random_weights, tiny_config
+
+CFG = tiny_config(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=320, max_pos=2048)
+
+
+@pytest.mark.parametrize("march, lanes", [("x86-64-v4", 16), ("x86-64-v3", 8)])
+def test_scores_vectorize_over_keys_stored_in_blocks(march, lanes):
+    m = compile_model(CFG, march=march)
+    scores = [k for k in m.kernels.values() if k.name.startswith("matmul_mul") and "past" in k.name]
+    assert scores
+    for k in scores:
+        assert any(isinstance(d, Vectorize) and d.lanes == lanes for d in k.schedule), k.schedule
+        packs = [d for d in k.schedule if isinstance(d, Pack)]
+        assert [(d.row, d.block) for d in packs] == [(CFG.num_key_value_heads * CFG.head_dim, 4 * lanes)]
+    assert m.state_blocks == {"cache_k": 4 * lanes}  # the values stay position-major: their columns are contiguous
+    writers = [k for k in m.kernels.values() if any(isinstance(d, Pack) and k.params[0].name == d.param
+                                                    for d in k.schedule)]
+    assert writers, "the kernel appending keys stores them in blocks"
+
+
+def test_softmax_computes_each_exp_once():
+    m = compile_model(CFG)
+    softmax = [k for k in m.kernels.values() if "pastpseq" in k.name and k.name.startswith("rowreduce")]
+    exps = {k.name: sum(1 for n in walk(k.body) if isinstance(n, Un) and n.op == "exp") for k in softmax}
+    assert sorted(exps.values()) == [0, 1], exps  # one kernel computes and stores them, one reads them
+
+
+@pytest.mark.c
+@pytest.mark.levels
+def test_blocked_keys_are_bitwise_equal_to_position_major(target):
+    w = random_weights(CFG)
+    n_ctx = 150  # not a whole number of blocks at either level
+    ids = [int(t) for t in np.random.default_rng(2).integers(0, CFG.vocab_size, 70)]
+    runs = {}
+    for schedule in (True, False):
+        s = CompiledSession(CFG, w, n_ctx=n_ctx, threads=2, schedule=schedule, tuned=False)
+        rows = [s.step(ids, all_logits=True)]
+        token = int(np.argmax(rows[0][-1]))
+        while s.past < n_ctx:  # to the last position: the tail of the last block
+            rows.append(s.step([token])[None])
+            token = int(np.argmax(rows[-1][0]))
+        caches = [c for layer in range(CFG.num_hidden_layers) for c in s.read_cache(layer)]
+        runs[schedule] = (np.concatenate(rows), caches)
+        blocks = s.module.state_blocks
+        s.close()
+        if schedule:
+            assert blocks.get("cache_k"), "the scheduled library stores keys in blocks"
+    (a, ca), (b, cb) = runs[True], runs[False]
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert all(np.array_equal(x, y) for x, y in zip(ca, cb))
