@@ -19,13 +19,10 @@
     typedef float nc_f32x##L##_unaligned __attribute__((vector_size(4 * L), aligned(4), may_alias)); \
     static inline nc_f32x##L nc_load##L(const float *p) { return *(const nc_f32x##L##_unaligned *)p; } \
     static inline void nc_store##L(float *p, nc_f32x##L v) { *(nc_f32x##L##_unaligned *)p = v; }     \
-    static inline nc_f32x##L nc_splat##L(float x)                                                   \
-    {                                                                                               \
-        nc_f32x##L v;                                                                               \
-        for (int l = 0; l < L; ++l)                                                                 \
-            v[l] = x;                                                                               \
-        return v;                                                                                   \
-    }                                                                                               \
+    /* x in every lane: GCC broadcasts a scalar operand, and x - 0 is x exactly (also -0 and NaN), \
+     * so it folds to one vbroadcastss. (A loop storing lane by lane compiled to 16 masked loads   \
+     * next to FMA: 12x slower prefill.) */                                                        \
+    static inline nc_f32x##L nc_splat##L(float x) { return x - (nc_f32x##L){0}; }                  \
     static inline nc_f32x##L nc_max_nan##L(nc_f32x##L acc, nc_f32x##L v)                            \
     {                                                                                               \
         for (int l = 0; l < L; ++l)                                                                 \
@@ -48,13 +45,7 @@
  * int8 -> int32 sign-extends, float16 -> float32 and int32 -> float32 (|x| < 2^24 here) are exact. */
 #define NC_INT_TYPES(L)                                                                             \
     typedef int32_t nc_i32x##L __attribute__((vector_size(4 * L)));                                 \
-    static inline nc_i32x##L nc_splat_i32_##L(int32_t x)                                             \
-    {                                                                                               \
-        nc_i32x##L v;                                                                               \
-        for (int l = 0; l < L; ++l)                                                                 \
-            v[l] = x;                                                                               \
-        return v;                                                                                   \
-    }                                                                                               \
+    static inline nc_i32x##L nc_splat_i32_##L(int32_t x) { return x + (nc_i32x##L){0}; }            \
     static inline nc_f32x##L nc_i32_to_f32_##L(nc_i32x##L v) { return __builtin_convertvector(v, nc_f32x##L); } \
     static inline nc_i32x##L nc_load_i8_##L(const int8_t *p)                                          \
     {                                                                                               \
