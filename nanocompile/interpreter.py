@@ -4,12 +4,14 @@ Every primitive is one NumPy expression on float32 (or int32, bool) arrays, and 
 is checked against the shape and dtype that inference promised. It is kept plain on purpose:
 passes and generated code are tested against it, so it must stay obviously right.
 
-Two orders of evaluation, both within each primitive's definition (docs/PRIMITIVES.md):
-  "numpy"     matmul through NumPy's BLAS, reduce_sum as NumPy sums, exp/sin/cos NumPy's (fast);
-  "compiled"  matmul and reduce_sum adding their terms in index order, one rounding each, and
-              exp/sin/cos the C library's float functions: what the generated code does, so a
-              library agrees with it bit for bit. int8 needs it: quantizing activations turns a
-              float32 rounding difference into a different int8 value.
+Three orders of evaluation, all within each primitive's definition (docs/PRIMITIVES.md):
+  "numpy"        matmul through NumPy's BLAS, reduce_sum as NumPy sums, exp/sin/cos NumPy's (fast);
+  "compiled"     matmul and reduce_sum adding their terms in index order, one rounding each, and
+                 exp/sin/cos the C library's float functions: what the generated code does on a
+                 target without FMA, so a library agrees with it bit for bit. int8 needs it:
+                 quantizing activations turns a float32 rounding difference into another int8 value;
+  "compiled_fma" the same, but each step of a matmul's sum one fused multiply-add (fmaf, one
+                 rounding): what the generated code does on a target with FMA.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ class InterpreterError(RuntimeError):
     pass
 
 
-ORDERS = ("numpy", "compiled")
+ORDERS = ("numpy", "compiled", "compiled_fma")
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,12 +55,33 @@ def sequential_sum(x: np.ndarray, axis: int) -> np.ndarray:
     return np.take(total, [x.shape[axis]], axis=axis)
 
 
-def sequential_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b with each output's products added from 0.0 in k order, each product and sum
-    rounded on its own (no fused multiply-add)."""
-    out = np.zeros(a.shape[:-1] + b.shape[-1:], np.float32)
+def fmaf(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """C's fmaf elementwise, exactly: a * b + c rounded once to float32. The product of two
+    floats is exact in float64; the sum is rounded to odd in float64 (round to nearest, then,
+    if that was inexact and gave an even last bit, the neighbour on the other side of the exact
+    value), and a value rounded to odd with 29 more bits rounds to float32 as the exact one
+    would (Boldo and Melquiond, "Emulation of FMA and correctly rounded sums", 2008)."""
+    with np.errstate(over="ignore", invalid="ignore"):  # inf and nan pass through as fmaf's do
+        p = a.astype(np.float64) * b.astype(np.float64)
+        c = np.broadcast_to(c, p.shape).astype(np.float64)
+        s = p + c
+        v = s - p  # TwoSum: s + e == p + c exactly
+        e = (p - (s - v)) + (c - v)
+    inexact = (e != 0) & np.isfinite(s)
+    toward_zero = np.where(inexact & ((e > 0) != (s > 0)), np.nextafter(s, 0.0), s)  # truncated
+    even = (toward_zero.view(np.int64) & 1) == 0
+    odd = np.where(inexact & even, np.nextafter(toward_zero, np.copysign(np.inf, toward_zero)), toward_zero)
+    with np.errstate(over="ignore"):
+        return odd.astype(np.float32)
+
+
+def sequential_matmul(a: np.ndarray, b: np.ndarray, fused: bool = False) -> np.ndarray:
+    """a @ b with each output's products added from 0.0 in k order: each product and sum
+    rounded on its own, or (fused) each step one fused multiply-add."""
+    out = np.zeros(np.broadcast_shapes(a.shape[:-1], b.shape[:-2] + (1,)) + b.shape[-1:], np.float32)
     for k in range(a.shape[-1]):
-        out = out + a[..., :, k:k + 1] * b[..., k:k + 1, :]
+        x, w = a[..., :, k:k + 1], b[..., k:k + 1, :]
+        out = fmaf(x, w, out) if fused else out + x * w
     return out
 
 
@@ -66,13 +89,13 @@ def evaluate_node(node: Node, vals: list, env: Mapping[str, int], inputs, weight
     a = node.attrs
     x = [vals[i] for i in node.args]
     op = node.op
-    if order == "compiled":
+    if order != "numpy":
         if op in ("exp", "sin", "cos"):
             return libm_float(op, x[0])
         if op == "reduce_sum":
             return sequential_sum(x[0], a["axis"])
         if op == "matmul":
-            return sequential_matmul(x[0], x[1])
+            return sequential_matmul(x[0], x[1], fused=order == "compiled_fma")
     if op == "input":
         return inputs[a["name"]]
     if op == "weight":

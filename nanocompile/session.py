@@ -18,6 +18,13 @@ from .errors import ContextFullError, InputError
 from .frontend.config import Qwen2Config
 from .frontend.qwen2 import build_qwen2, cache_names
 from .library import CompiledSession
+from .target import detect_march, has_fma
+
+
+def library_order(march: str | None = None) -> str:
+    """The interpreter order a compiled library for march (default: this CPU's) agrees with bit
+    for bit: its matmul sums are fused multiply-adds where the target has FMA."""
+    return "compiled_fma" if has_fma(march or detect_march()[0]) else "compiled"
 
 
 class InterpreterSession:
@@ -28,9 +35,10 @@ class InterpreterSession:
 
     def __init__(self, config: Qwen2Config, weights: dict[str, np.ndarray], n_ctx: int = 4096,
                  precision: str = "f32", order: str | None = None):
-        """order: the interpreter's ("numpy" or "compiled"); by default "compiled" for int8 and
-        native, whose quantized activations would turn BLAS's other rounding into other int8
-        values. native runs int8's graph on the weights quantize.NativeWeights makes."""
+        """order: the interpreter's (interpreter.ORDERS); by default, for int8 and native, the
+        compiled library's order on this CPU (library_order), since quantized activations would
+        turn BLAS's other rounding into other int8 values; for f32, NumPy's. native runs int8's
+        graph on the weights quantize.NativeWeights makes."""
         self.config = config
         self.n_ctx = check_n_ctx(n_ctx, config)
         self.precision = check_precision(precision)
@@ -40,7 +48,7 @@ class InterpreterSession:
             note(said)
         self.weights = dict(view)
         graph = GRAPH_OF[precision]
-        self.order = order or ("compiled" if graph == "int8" else "numpy")
+        self.order = order or (library_order() if graph == "int8" else "numpy")
         self._run = functools.partial(interpreter.run, order=self.order)
         self._graphs = {False: build_qwen2(config, "last", graph), True: build_qwen2(config, "all", graph)}
         self.reset()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from nanocompile.library import CompiledSession
-from nanocompile.session import InterpreterSession
+from nanocompile.session import InterpreterSession, library_order
 
 from helpers import N_TOKENS, greedy_run, random_weights, real_prompt_ids, tiny_config
 
@@ -46,7 +46,7 @@ def test_tiny_configs_are_bitwise_the_interpreters_compiled_order(name):
     w = random_weights(cfg, seed=len(name))
     prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32]
     compiled = greedy_run(CompiledSession(cfg, w, n_ctx=64, threads=2), prompt, 8)
-    interp = greedy_run(InterpreterSession(cfg, w, n_ctx=64, order="compiled"), prompt, 8)
+    interp = greedy_run(InterpreterSession(cfg, w, n_ctx=64, order=library_order()), prompt, 8)
     assert np.array_equal(compiled["prompt_logits"], interp["prompt_logits"])
     assert all(np.array_equal(a, b) for a, b in zip(compiled["step_logits"], interp["step_logits"]))
 
@@ -54,7 +54,7 @@ def test_tiny_configs_are_bitwise_the_interpreters_compiled_order(name):
 def test_real_model_is_bitwise_the_interpreters_compiled_order(real_model, real_compiled):
     """The shipped float32 library on the real model: the prompt's logits and two steps, bit
     for bit the interpreter's in its "compiled" order."""
-    interp = InterpreterSession(real_model.config, real_model.weights, n_ctx=64, order="compiled")
+    interp = InterpreterSession(real_model.config, real_model.weights, n_ctx=64, order=library_order())
     ids = real_prompt_ids(real_model, "code")
     real_compiled.reset()
     assert np.array_equal(real_compiled.step(ids, all_logits=True), interp.step(ids, all_logits=True))

@@ -72,3 +72,28 @@ def test_the_unscheduled_matmul_is_fmaf_in_k_order(march, monkeypatch):
     got = GraphLibrary(g, max_seq=8).run({"seq": 7, "past": 0}, {"x": x}, {"w": w})["out0"]
     assert np.array_equal(got, _k_order(x, w, fused))
     assert not np.array_equal(got, _k_order(x, w, not fused)), "the two forms differ on this data"
+
+
+def test_the_interpreters_fmaf_is_cs_fmaf_also_at_ties():
+    """interpreter.fmaf (the "compiled_fma" order) against the C library's fmaf, on random values
+    and on products that fall exactly halfway between two floats plus a tiny addend, where
+    rounding the float64 sum to float32 (double rounding) is wrong: the emulation must round once."""
+    import ctypes
+    import ctypes.util
+
+    from nanocompile.interpreter import fmaf
+
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.fmaf.argtypes, libm.fmaf.restype = [ctypes.c_float] * 3, ctypes.c_float
+    rng = np.random.default_rng(11)
+    random = [rng.standard_normal(3000).astype(np.float32) * s for s in (1.0, 1e-3, 1e3)]
+    ties = [(np.float32(sa * (1 + ka * 2.0 ** -23)), np.float32(1 + kb * 2.0 ** -23), np.float32(c))
+            for ka in (2 ** 10, 2 ** 11, 3 * 2 ** 10) for kb in (2 ** 11, 2 ** 12, 3 * 2 ** 11)
+            for c in (1e-30, -1e-30, 0.0, 1e-45, -1e-45) for sa in (1, -1)]
+    a = np.concatenate([random[0], np.array([t[0] for t in ties], np.float32)])
+    b = np.concatenate([random[1], np.array([t[1] for t in ties], np.float32)])
+    c = np.concatenate([random[2], np.array([t[2] for t in ties], np.float32)])
+    want = np.array([libm.fmaf(*x) for x in zip(a, b, c)], np.float32)
+    assert np.array_equal(fmaf(a, b, c).view(np.int32), want.view(np.int32))
+    double_rounded = (a.astype(np.float64) * b + c).astype(np.float32)
+    assert not np.array_equal(double_rounded.view(np.int32), want.view(np.int32)), "the data has ties"

@@ -14,7 +14,7 @@ from nanocompile.choices import GRAPH_OF, PRECISIONS
 from nanocompile.formats import FORMATS, format_named
 from nanocompile.library import CompiledSession
 from nanocompile.quantize import Int8Weights, NativeWeights, exact_in_int8, quantize_q8_0
-from nanocompile.session import InterpreterSession, open_session
+from nanocompile.session import InterpreterSession, library_order, open_session
 
 from helpers import greedy_run, random_weights, real_prompt_ids, tiny_config, write_gguf, write_hf_dir
 
@@ -114,13 +114,11 @@ def test_the_note_names_each_fallback_and_its_type(tiny_native):
     assert "Q4_1: model.layers.1.mlp.down_proj.weight" in note and "F32: model.layers.1.mlp.up_proj.weight" in note
 
 
-def test_native_library_against_its_unscheduled_build_and_the_interpreter(tiny_native, monkeypatch, capfd):
-    """The same int8 library as int8's, with the native weights packed in a file of its own:
-    bit for bit its own unfused, unscheduled build (prompt in two chunks, cached steps, KV cache);
-    against the interpreter, greedy tokens identical and logits within int8's tiny-model bound
-    (test_int8.py: on these tiny configs the rows after the first differ in float32 rounding, by
-    2e-6 here, for int8 as for native; the real model is bitwise, below). The fallback note is
-    said once per packing."""
+def test_native_library_is_bitwise_its_unscheduled_build_and_the_interpreter(tiny_native, monkeypatch, capfd):
+    """The same int8 library as int8's, with the native weights packed in a file of its own: bit
+    for bit its own unfused, unscheduled build and the interpreter in the library's order
+    (library_order): logits of a prompt in two chunks, cached steps, the KV cache. The fallback
+    note is said once per packing."""
     model, cache = tiny_native
     monkeypatch.setenv("NANOCOMPILE_CACHE", str(cache))
     ids = [int(t) for t in np.random.default_rng(3).integers(0, model.config.vocab_size, 70)]  # chunks 64 + 6
@@ -128,18 +126,14 @@ def test_native_library_against_its_unscheduled_build_and_the_interpreter(tiny_n
     said = capfd.readouterr().err
     assert said.count("requantized to Q8_0") == 1 and "Q4_1" in said
     plain = CompiledSession(model.config, model.weights, n_ctx=128, precision="native", fuse=False, schedule=False)
-    want = [plain.step(ids, all_logits=True)] + [plain.step([t]) for t in (5, 6, 7)]
-    got = [compiled.step(ids, all_logits=True)] + [compiled.step([t]) for t in (5, 6, 7)]
-    assert all(same_bits(a, b) for a, b in zip(want, got))
-    for layer in range(model.config.num_hidden_layers):
-        for a, b in zip(compiled.read_cache(layer), plain.read_cache(layer)):
-            assert same_bits(a, b)
-
     interp = InterpreterSession(model.config, model.weights, n_ctx=128, precision="native")
-    assert interp.order == "compiled"
-    ours, theirs = greedy_run(compiled, ids[:9], 16), greedy_run(interp, ids[:9], 16)
-    assert ours["tokens"] == theirs["tokens"]
-    assert np.abs(ours["prompt_logits"] - theirs["prompt_logits"]).max() <= 1e-4
+    assert interp.order == library_order()
+    runs = [[s.step(ids, all_logits=True)] + [s.step([t]) for t in (5, 6, 7)] for s in (compiled, plain, interp)]
+    for other in runs[1:]:
+        assert all(same_bits(a, b) for a, b in zip(runs[0], other))
+    for layer in range(model.config.num_hidden_layers):
+        for a, b, kv in zip(compiled.read_cache(layer), plain.read_cache(layer), "kv"):
+            assert same_bits(a, b) and same_bits(a, interp.cache[f"cache.{layer}.{kv}"])
     capfd.readouterr()
     again = open_session(model, "compiled", n_ctx=128, threads=2, precision="native")  # from the cache
     assert "requantized" not in capfd.readouterr().err
@@ -235,14 +229,13 @@ def test_real_k_format_tensors_fall_back_with_the_note(real_model, real_native):
     assert np.array_equal(real_native[name + ".qs"], qs) and np.array_equal(real_native[name + ".d"], d)
 
 
-@pytest.mark.xfail(strict=True, reason="on the integrate branch int8's own test_real_int8_model_is_bitwise_the_int8_"
-                   "interpreter[code] fails the same way (rows after the first differ; a token at step 14): "
-                   "the library's float32 order no longer matches the interpreter's 'compiled' order")
 def test_real_native_library_is_bitwise_the_native_interpreter(real_model, real_native):
     """As int8's (test_int8_model.py): the interpreter sums its float32 parts in the generated
-    code's order, so the compiled native model's logits are the interpreter's bit for bit."""
+    code's order (library_order), so the compiled native model's logits are the interpreter's
+    bit for bit: the prompt's rows and every step."""
     ids = real_prompt_ids(real_model, "code")
     interp = InterpreterSession(real_model.config, real_native, n_ctx=64, precision="native")
+    assert interp.order == library_order()
     compiled = open_session(real_model, "compiled", n_ctx=64, threads=2, precision="native")
     want, got = greedy_run(interp, ids, 6), greedy_run(compiled, ids, 6)
     assert got["tokens"] == want["tokens"]
