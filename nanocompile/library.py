@@ -10,6 +10,7 @@ import ctypes
 import json
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -135,7 +136,7 @@ def open_packed(module: Module, weights, weights_key: str, progress: bool = Fals
         bar = progress_bar(module.weights_bytes, "packing weights") if progress else None
         try:
             pack_weights(module, weights, dest, bar.update if bar else None, source_key=weights_key,
-                         precision=precision)
+                         precision=precision, say=partial(note_above, bar) if bar else note)
         finally:
             if bar:
                 bar.close()
@@ -289,4 +290,10 @@ def _say(message: str) -> None:
 
 def progress_bar(total: int, desc: str):
     from tqdm import tqdm
+
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, leave=False)
+
+
+def note_above(bar, message: str) -> None:
+    """A note on a line of its own above a progress bar."""
+    bar.write(f"nanocompile: {message}", file=sys.stderr)

@@ -68,15 +68,16 @@ def made_from(module, source_key: str | None, precision: str | None = None) -> d
 
 
 def pack_weights(module, weights, dest: Path, progress=None, source_key: str | None = None,
-                 precision: str | None = None) -> dict:
+                 precision: str | None = None, say=note) -> dict:
     """Writes dest from weights (a model's WeightSource, a mapping of float32 arrays, or one
     already in the precision's form), one tensor at a time; returns the sidecar record.
-    precision: the weights' form (native for int8's library), by default the module's."""
+    precision: the weights' form (native for int8's library), by default the module's; say: where
+    a one-line note goes (native's requantized tensors: once per packing, the file is cached)."""
     precision = weights_precision(module, precision)
     source = weights_in(precision, weights)  # the library's names, in its form
     said = fallback_note(source)
-    if said:  # once per packing: the packed file is cached
-        note(said)
+    if said:
+        say(said)
     fetch = source.tensor if isinstance(source, WeightSource) else source.__getitem__  # tensor(): not kept
 
     def write(out) -> None:
