@@ -9,7 +9,10 @@ perplexity; against its float32 reference (ours against ours, llama.cpp against 
 mean and 99th-percentile KL divergence and how often the top token agrees ("same top p"); and
 ours against llama.cpp on the same weights.
 
-    python -m bench.accuracy [--chunks 4] [--ctx 512] [--precisions f32,int8]
+    python -m bench.accuracy [--chunks 4] [--ctx 512] [--precisions f32,int8,native]
+
+native's llama.cpp counterpart is the model file itself (Q4_K_M for the default model): the same
+weights, in their own types.
 """
 from __future__ import annotations
 
@@ -24,7 +27,20 @@ from bench.common import THREADS, append, pin_threads
 pin_threads()
 
 MODULES = ("textwrap", "heapq", "bisect", "fractions", "difflib", "shlex", "string", "calendar")
-LLAMA = {"f32": "f32", "int8": "q8_0"}  # llama.cpp's GGUF of the same numbers as each of our precisions
+# llama.cpp's GGUF of the same numbers as each of our precisions ("file": the model file itself)
+LLAMA = {"f32": "f32", "int8": "q8_0", "native": "file"}
+FILE_TYPE = "Q4_K_M"  # the default model's; named in the tables
+
+
+def llama_label(precision: str) -> str:
+    kind = LLAMA[precision]
+    return f"llama.cpp {FILE_TYPE if kind == 'file' else kind.upper()}"
+
+
+def llama_model_path(source: Path, precision: str, directory: Path) -> Path:
+    from nanocompile.peer import requantized
+
+    return source if LLAMA[precision] == "file" else requantized(source, LLAMA[precision], directory)
 
 
 def corpus_tokens(tokenizer, n: int) -> list[int]:
@@ -84,7 +100,7 @@ def main() -> None:
 
     from nanocompile.cache.location import cache_root
     from nanocompile.models import load_model
-    from nanocompile.peer import quiet_stderr, requantized
+    from nanocompile.peer import quiet_stderr
     from nanocompile.session import open_session
 
     model = load_model("default", progress=False)
@@ -94,12 +110,12 @@ def main() -> None:
     if not args.no_llama:
         from llama_cpp import Llama
         for p in precisions:
-            path = requantized(Path(model.source), LLAMA[p], cache_root().path / "requantized")
+            path = llama_model_path(Path(model.source), p, cache_root().path / "requantized")
             with quiet_stderr():
                 theirs[p] = Llama(model_path=str(path), n_ctx=args.ctx, n_threads=THREADS, n_threads_batch=THREADS,
                                   n_batch=args.ctx, logits_all=True, verbose=False)
     scores = {f"nanocompile {p}": Scores() for p in precisions}
-    scores.update({f"llama.cpp {LLAMA[p].upper()}": Scores() for p in theirs})
+    scores.update({llama_label(p): Scores() for p in theirs})
     cross = {p: Scores() for p in theirs}  # ours against llama.cpp, same weights
     half = args.ctx // 2
     for c in range(args.chunks):
@@ -112,13 +128,13 @@ def main() -> None:
             logp[f"nanocompile {p}"] = log_softmax(s.step(chunk, all_logits=True)[rows])
         for p, llm in theirs.items():
             with quiet_stderr():
-                logp[f"llama.cpp {LLAMA[p].upper()}"] = log_softmax(llama_logits(llm, chunk)[rows])
+                logp[llama_label(p)] = log_softmax(llama_logits(llm, chunk)[rows])
         for name, lp in logp.items():
             engine = name.split(" ")[0]
             reference = logp.get(f"{engine} {'f32' if engine == 'nanocompile' else 'F32'}")
             scores[name].add(lp, targets, None if reference is lp else reference)
         for p in theirs:
-            cross[p].add(logp[f"nanocompile {p}"], targets, logp[f"llama.cpp {LLAMA[p].upper()}"])
+            cross[p].add(logp[f"nanocompile {p}"], targets, logp[llama_label(p)])
         print(f"chunk {c + 1}/{args.chunks}", flush=True)
 
     report = {name: s.report() for name, s in scores.items()}
@@ -132,12 +148,12 @@ def main() -> None:
     if report_cross:
         print("\n| ours vs llama.cpp, same weights | KL mean | 99th pct | same top token |\n|---|---|---|---|")
         for p, r in report_cross.items():
-            print(f"| nanocompile {p} vs llama.cpp {LLAMA[p].upper()} | {r['kl_mean']:.5f} | {r['kl_p99']:.5f} | "
+            print(f"| nanocompile {p} vs {llama_label(p)} | {r['kl_mean']:.5f} | {r['kl_p99']:.5f} | "
                   f"{r['same_top']:.2%} |")
     for p in precisions:
-        if p != "f32" and f"llama.cpp {LLAMA[p].upper()}" in report and "kl_mean" in report[f"nanocompile {p}"]:
-            ratio = report[f"nanocompile {p}"]["kl_mean"] / report[f"llama.cpp {LLAMA[p].upper()}"]["kl_mean"]
-            print(f"\n{p}: our KL divergence / llama.cpp {LLAMA[p].upper()}'s = {ratio:.3f}")
+        if p != "f32" and llama_label(p) in report and "kl_mean" in report[f"nanocompile {p}"]:
+            ratio = report[f"nanocompile {p}"]["kl_mean"] / report[llama_label(p)]["kl_mean"]
+            print(f"\n{p}: our KL divergence / {llama_label(p)}'s = {ratio:.3f}")
     append({"bench": "accuracy", "chunks": args.chunks, "ctx": args.ctx, "modules": MODULES, "engines": report,
             "ours_vs_llama": report_cross})
 

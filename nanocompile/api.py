@@ -38,7 +38,8 @@ class Model:
     """A Qwen2 model ready to generate: Model("default"), a .gguf file or a Hugging Face directory.
 
     n_ctx: the context in tokens (default 4096, or the model's maximum if smaller); n_threads: the
-    compiled library's threads; precision: "f32" or "int8" (Q8_0-style blocks, see docs/PRIMITIVES.md); backend: "compiled" or
+    compiled library's threads; precision: "f32", "int8" (Q8_0-style blocks, see docs/PRIMITIVES.md) or "native" (int8's
+    kernels on the GGUF's own Q8_0/Q5_0/Q4_0 blocks, other types requantized; docs/FORMATS.md); backend: "compiled" or
     "interp" (the NumPy interpreter, the reference); seed: the sampler's seed for calls that give
     none (-1: a random one, then in .seed); progress: bars on stderr while loading, converting and
     feeding a long prompt.

@@ -6,9 +6,9 @@ import numpy as np
 
 from .errors import InputError
 from .frontend.config import Qwen2Config
-from .frontend.qwen2 import PRECISIONS
+from .choices import PRECISIONS
 from .models.weights import WeightSource
-from .quantize import Int8Weights
+from .quantize import Int8Weights, NativeWeights
 
 
 def check_tokens(tokens, vocab_size: int) -> np.ndarray:
@@ -42,10 +42,18 @@ def check_precision(precision: str) -> str:
 
 def weights_in(precision: str, weights):
     """The weights as a precision's graph reads them: for int8, in its form (Q8_0 tensors a GGUF
-    file stores split as they are, the other matrices quantized as they are asked for);
-    otherwise as given."""
-    if precision != "int8" or isinstance(weights, Int8Weights) or any(name.endswith(".qs") for name in weights):
+    file stores split as they are, the other matrices quantized as they are asked for); for
+    native, int8's form with every tensor whose stored format is exact in it split as stored
+    (quantize.NativeWeights); otherwise as given."""
+    if precision not in ("int8", "native") or isinstance(weights, Int8Weights) \
+            or any(name.endswith(".qs") for name in weights):
         return weights
+    view = NativeWeights if precision == "native" else Int8Weights
     if isinstance(weights, WeightSource):
-        return Int8Weights.of_source(weights)
-    return Int8Weights(weights, {name for name, w in weights.items() if np.ndim(w) == 2})
+        return view.of_source(weights)
+    return view(weights, {name for name, w in weights.items() if np.ndim(w) == 2})
+
+
+def fallback_note(weights) -> str | None:
+    """The one line a native view has to say about the tensors it requantizes (None: nothing)."""
+    return weights.fallback_note() if isinstance(weights, NativeWeights) else None

@@ -10,6 +10,7 @@ import ctypes
 import json
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from .cache.location import cache_root
 from .cache.locks import entry_lock
 from .cache.notes import note
 from .checks import check_n_ctx, check_precision, check_tokens
+from .choices import GRAPH_OF
 from .compiler import Module, compile_model
 from .errors import ContextFullError, InputError, ModelError, NanocompileError
 from .frontend.config import Qwen2Config
@@ -84,13 +86,15 @@ def check_fingerprint(lib: Library, module: Module) -> None:
         raise ModelError(f"{lib.path}: compiled for {got.get('march')}, but this CPU lacks {', '.join(missing)}")
 
 
-def packed_name(module: Module, weights_key: str) -> str:
-    return f"packed/{weights_key[:20]}-{module.layout_hash[:16]}.bin"
+def packed_name(module: Module, weights_key: str, precision: str | None = None) -> str:
+    """precision: the weights' form when it is not the module's own (native for int8's library)."""
+    form = f"-{precision}" if precision and precision != module.precision else ""
+    return f"packed/{weights_key[:20]}-{module.layout_hash[:16]}{form}.bin"
 
 
-def packed_weights_path(module: Module, weights_key: str) -> Path:
+def packed_weights_path(module: Module, weights_key: str, precision: str | None = None) -> Path:
     """Where the cache keeps these weights in the layout this module's library reads."""
-    return cache_root().path / packed_name(module, weights_key)
+    return cache_root().path / packed_name(module, weights_key, precision)
 
 
 def _map_checked(path: Path, want: dict) -> tuple[np.memmap | None, str]:
@@ -109,17 +113,20 @@ def _map_checked(path: Path, want: dict) -> tuple[np.memmap | None, str]:
         return np.memmap(f, dtype=np.uint8, mode="r"), ""
 
 
-def open_packed(module: Module, weights, weights_key: str, progress: bool = False) -> tuple[Path, np.memmap, bool]:
+def open_packed(module: Module, weights, weights_key: str, progress: bool = False,
+                precision: str | None = None) -> tuple[Path, np.memmap, bool]:
     """The packed weights for module's library from the cache, checked; packed from the source
     (under a lock, so concurrent runs pack once) if missing or damaged, with a note if damaged.
+    precision: the weights' form, by default the module's (native: int8's library, its own file).
     Returns the file, its mapping, and whether it was packed now."""
-    want = made_from(module, weights_key)
+    want = made_from(module, weights_key, precision)
     root = cache_root()
-    for candidate in root.candidates(packed_name(module, weights_key)):
+    name = packed_name(module, weights_key, precision)
+    for candidate in root.candidates(name):
         mapped, _ = _map_checked(candidate, want)
         if mapped is not None:
             return candidate, mapped, False
-    dest = root.place(packed_name(module, weights_key))
+    dest = root.place(name)
     with entry_lock(dest, f"the packed weights {dest.name}"):
         mapped, problem = _map_checked(dest, want)
         if mapped is not None:
@@ -128,7 +135,8 @@ def open_packed(module: Module, weights, weights_key: str, progress: bool = Fals
             note(f"{dest} {problem}; packing it again")
         bar = progress_bar(module.weights_bytes, "packing weights") if progress else None
         try:
-            pack_weights(module, weights, dest, bar.update if bar else None, source_key=weights_key)
+            pack_weights(module, weights, dest, bar.update if bar else None, source_key=weights_key,
+                         precision=precision, say=partial(note_above, bar) if bar else note)
         finally:
             if bar:
                 bar.close()
@@ -150,13 +158,14 @@ class CompiledSession:
         without, it lives as long as the session. fuse=False builds the unfused library (one
         kernel per primitive): fusion's baseline; schedule=False the unscheduled one (one thread):
         the schedules' baseline; march another target than this CPU's (x86-64-v3: AVX2 code on an
-        AVX-512 machine); precision f32 or int8; tuned=False ignores the schedules `nanocompile
+        AVX-512 machine); precision f32, int8 or native (int8's library, the weights packed from
+        the file's own blocks where they are exact in its form: quantize.NativeWeights); tuned=False ignores the schedules `nanocompile
         tune` measured on this CPU (the recipes alone)."""
         self.config = config
         self.n_ctx = check_n_ctx(n_ctx, config)
         self.precision = check_precision(precision)
         table = tuned_schedules(march) if tuned and schedule else ()
-        self.module = compile_model(config, precision, fuse=fuse, schedule=schedule, march=march, tuned=table)
+        self.module = compile_model(config, GRAPH_OF[precision], fuse=fuse, schedule=schedule, march=march, tuned=table)
         if progress and self.module.tuned_kernels:
             _say(f"using {len(self.module.tuned_kernels)} schedules tuned on this CPU ({tuned_store(march)})")
         lib_path, manifest = library or find_or_build(self.module, _say if progress else None)
@@ -166,14 +175,14 @@ class CompiledSession:
         self._tmp = None
         if packed_path is not None:  # a file the caller names: packed if missing, used as it is
             if not packed_path.exists():
-                pack_weights(self.module, weights, packed_path)
+                pack_weights(self.module, weights, packed_path, precision=precision)
             self._weights = np.memmap(packed_path, dtype=np.uint8, mode="r")
         elif weights_key is not None:
-            packed_path, self._weights, _ = open_packed(self.module, weights, weights_key, progress)
+            packed_path, self._weights, _ = open_packed(self.module, weights, weights_key, progress, precision)
         else:  # lives as long as the session
             self._tmp = tempfile.TemporaryDirectory(prefix="nanocompile-")
             packed_path = Path(self._tmp.name) / "weights.bin"
-            pack_weights(self.module, weights, packed_path)
+            pack_weights(self.module, weights, packed_path, precision=precision)
             self._weights = np.memmap(packed_path, dtype=np.uint8, mode="r")
         self.packed_path = packed_path
         self._handle = ctypes.c_void_p()
@@ -281,4 +290,10 @@ def _say(message: str) -> None:
 
 def progress_bar(total: int, desc: str):
     from tqdm import tqdm
+
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, leave=False)
+
+
+def note_above(bar, message: str) -> None:
+    """A note on a line of its own above a progress bar."""
+    bar.write(f"nanocompile: {message}", file=sys.stderr)

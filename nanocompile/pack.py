@@ -10,7 +10,9 @@ this packer's version) and the xxh3-128 of its bytes (cache/files.py).
 
 Each precision sees the source in its own form (checks.weights_in): f32 converts each tensor;
 int8 splits a GGUF's Q8_0 blocks as stored (source.raw) and quantizes every other matrix once
-from its float32 form, with no float32 intermediate on disk.
+from its float32 form, with no float32 intermediate on disk. native runs int8's library, so its
+module's precision is int8's; the precision the file is packed for is passed on its own and
+recorded in the sidecar (and the cache names the file after it), so the two never share a file.
 """
 from __future__ import annotations
 
@@ -20,9 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from .cache.files import write_entry
-from .checks import weights_in
+from .cache.notes import note
+from .checks import fallback_note, weights_in
+from .choices import GRAPH_OF, PRECISIONS
 from .errors import ModelError
-from .frontend.qwen2 import PRECISIONS
 from .layout import HEADER_BYTES, NP_DTYPES, WeightSlot
 from .models.weights import WeightSource
 from .schedule.pack import pack_array
@@ -46,17 +49,35 @@ def _laid_out(slot: WeightSlot, array: np.ndarray) -> np.ndarray:
     return pack_array(array, *slot.packed) if slot.packed else array
 
 
-def made_from(module, source_key: str | None) -> dict:
-    """What a packed file is made from; a cached file is used only if its sidecar says exactly this."""
-    return {"source": source_key, "layout": module.layout_hash, "precision": module.precision, "packer": PACKER}
+def weights_precision(module, precision: str | None) -> str:
+    """The precision weights are packed for: precision if given (native for int8's library),
+    else the module's; refused if the module's library does not run it."""
+    precision = precision or module.precision
+    if precision not in PRECISIONS:
+        raise ModelError(f"no packer for precision {precision!r} (have: {', '.join(PRECISIONS)})")
+    if GRAPH_OF[precision] != module.precision:
+        raise ModelError(f"weights for precision {precision} do not fit a library compiled for {module.precision}")
+    return precision
 
 
-def pack_weights(module, weights, dest: Path, progress=None, source_key: str | None = None) -> dict:
+def made_from(module, source_key: str | None, precision: str | None = None) -> dict:
+    """What a packed file is made from; a cached file is used only if its sidecar says exactly this.
+    precision: the weights' (native for int8's library), by default the module's."""
+    return {"source": source_key, "layout": module.layout_hash, "precision": weights_precision(module, precision),
+            "packer": PACKER}
+
+
+def pack_weights(module, weights, dest: Path, progress=None, source_key: str | None = None,
+                 precision: str | None = None, say=note) -> dict:
     """Writes dest from weights (a model's WeightSource, a mapping of float32 arrays, or one
-    already in the precision's form), one tensor at a time; returns the sidecar record."""
-    if module.precision not in PRECISIONS:
-        raise ModelError(f"no packer for precision {module.precision!r} (have: {', '.join(PRECISIONS)})")
-    source = weights_in(module.precision, weights)  # the library's names, in its form
+    already in the precision's form), one tensor at a time; returns the sidecar record.
+    precision: the weights' form (native for int8's library), by default the module's; say: where
+    a one-line note goes (native's requantized tensors: once per packing, the file is cached)."""
+    precision = weights_precision(module, precision)
+    source = weights_in(precision, weights)  # the library's names, in its form
+    said = fallback_note(source)
+    if said:
+        say(said)
     fetch = source.tensor if isinstance(source, WeightSource) else source.__getitem__  # tensor(): not kept
 
     def write(out) -> None:
@@ -77,5 +98,5 @@ def pack_weights(module, weights, dest: Path, progress=None, source_key: str | N
                 progress(slot.nbytes)
         out.write(bytes(module.weights_bytes - out.size))
 
-    return write_entry(dest, made_from(module, source_key), write, generator=GENERATOR,
+    return write_entry(dest, made_from(module, source_key, precision), write, generator=GENERATOR,
                        source_path=getattr(source, "where", "weights"), finite=True)

@@ -6,6 +6,13 @@ GGUF file is split as stored, with no float32 round trip; any other tensor is qu
 the `gguf` library's Q8_0 quantizer, which reproduces ggml's reference quantizer bit for bit
 (llama.cpp quantizes weights with it): per block d = max|w| / 127 as float16, q = round(w / d)
 half away from zero.
+
+The native precision (NativeWeights) is the same form, filled from the file's own blocks where
+they are exactly int8's: a format with blocks of 32, one float16 scale each, no min and quants
+within [-127, 127] after its offset (Q8_0, Q5_0, Q4_0) is split as stored, qs = q - offset and
+d as the file has it, so the int8 kernels compute the file's own weights. Every other matrix
+(K formats, Q4_1/Q5_1 with their min, float tensors, a source with no stored blocks) is
+quantized to Q8_0 as int8 does, and named in one note.
 """
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .errors import ModelError
+from .formats import BlockFormat, format_named, quant_range, unpack
 from .frontend.nn import padded
 from .ir.ops import QBLOCK
 
@@ -109,3 +117,97 @@ class Int8Weights(Mapping):
 
     def __len__(self) -> int:
         return len(self.float_weights) + len(self.quantized)
+
+
+def exact_in_int8(fmt: BlockFormat | None) -> bool:
+    """Whether every block of fmt is a block of int8's form as it stands: 32 weights, one float16
+    scale with no sub-scale, no min, and quants within [-127, 127] after the offset."""
+    if fmt is None or fmt.block != QBLOCK or fmt.has_min or fmt.scale.sub or fmt.scale.negate:
+        return False
+    if fmt.field(fmt.scale.super).dtype != "f16":
+        return False
+    q = quant_range(fmt)
+    return fmt.signed or (q.start >= -127 and q.stop - 1 <= 127)
+
+
+UNPACK_ROWS = 4096  # rows unpacked at a time: bounds the temporaries on the embedding
+
+
+def split_exact(data: np.ndarray, fmt: BlockFormat, rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Stored blocks [rows, k / 32, nbytes] of a format exact_in_int8 -> (qs int8 [rows, k] =
+    q - offset, d float16 [rows, k / 32] as stored)."""
+    qs = np.empty((rows, k), np.int8)
+    d = np.empty((rows, k // QBLOCK), np.float16)
+    for start in range(0, rows, UNPACK_ROWS):
+        part = slice(start, min(rows, start + UNPACK_ROWS))
+        u = unpack(fmt, data[part])
+        q = u.q.astype(np.int16) - np.int16(fmt.offset)
+        qs[part] = q.reshape(-1, k)
+        d[part] = u.values[fmt.scale.super].reshape(-1, k // QBLOCK)
+    return qs, d
+
+
+class NativeWeights(Int8Weights):
+    """The native precision's weights: int8's names and form, each matrix from its stored
+    blocks when its format is exact in that form (exact_in_int8), else quantized as int8 does.
+    `fallbacks` (tensor -> its type) is known before any tensor is made: the types are read
+    from the file's tensor table."""
+
+    def __init__(self, float_weights: Mapping[str, np.ndarray], quantized: set[str], blocks=None):
+        """blocks(name) -> models.weights.StoredBlocks, or None for a source without stored
+        blocks (Hugging Face safetensors): then every matrix is quantized, as int8."""
+        types = {}
+        if blocks is not None:
+            try:
+                types = {name: float_weights.raw(name)[0] for name in sorted(quantized)}
+            except ModelError:  # a source with no stored form other than float32
+                blocks = None
+        super().__init__(float_weights, quantized, float_weights.raw if blocks is not None else None)
+        self.blocks = blocks
+        self.types = types or {name: "F32" for name in sorted(quantized)}  # tensor -> its stored type
+        self.fallbacks = {name: kind for name, kind in self.types.items()
+                          if blocks is None or not exact_in_int8(format_named(kind))}
+
+    @classmethod
+    def of_source(cls, source) -> "NativeWeights":
+        quantized = {name for name, shape in source.shapes.items() if len(shape) == 2}
+        return cls(source, quantized, getattr(source, "blocks", None))
+
+    def _stored(self, base: str):
+        if self.blocks is None or base in self.fallbacks:
+            return None
+        stored = self.blocks(base)
+        n, k = self.float_weights.shapes[base]
+        if stored.format.signed:  # Q8_0: split as int8 does, with its check of a -128
+            return super()._stored(base)
+        return split_exact(stored.data, stored.format, n, k)
+
+    def fallback_note(self) -> str | None:
+        """One line naming the matrices that are requantized to Q8_0 and their types, or None."""
+        if not self.fallbacks:
+            return None
+        if self.blocks is None:
+            return (f"native: {self.where} has no stored quantized blocks; every matrix is quantized to Q8_0, "
+                    f"as --precision int8 does")
+        by_type: dict[str, list[str]] = {}
+        for name, kind in self.fallbacks.items():
+            by_type.setdefault(kind, []).append(name)
+        parts = [f"{kind}: {compress_names(names)}" for kind, names in sorted(by_type.items())]
+        return (f"native: {len(self.fallbacks)} tensor(s) of a type with no exact int8 form are requantized "
+                f"to Q8_0 ({'; '.join(parts)})")
+
+
+def compress_names(names: list[str]) -> str:
+    """Layer tensors named once per kind with their layer numbers:
+    model.layers.{0,2,5}.mlp.down_proj.weight."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    singles = []
+    for name in names:
+        parts = name.split(".")
+        if len(parts) > 3 and parts[1] == "layers" and parts[2].isdigit():
+            groups.setdefault((".".join(parts[:2]), ".".join(parts[3:])), []).append(int(parts[2]))
+        else:
+            singles.append(name)
+    out = [f"{head}.{{{','.join(map(str, sorted(layers)))}}}.{tail}" if len(layers) > 1 else
+           f"{head}.{layers[0]}.{tail}" for (head, tail), layers in sorted(groups.items())]
+    return ", ".join(out + sorted(singles))

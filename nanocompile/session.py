@@ -11,7 +11,9 @@ import functools
 import numpy as np
 
 from . import interpreter
-from .checks import check_n_ctx, check_precision, check_tokens, weights_in
+from .cache.notes import note
+from .checks import check_n_ctx, check_precision, check_tokens, fallback_note, weights_in
+from .choices import GRAPH_OF
 from .errors import ContextFullError, InputError
 from .frontend.config import Qwen2Config
 from .frontend.qwen2 import build_qwen2, cache_names
@@ -33,16 +35,22 @@ class InterpreterSession:
 
     def __init__(self, config: Qwen2Config, weights: dict[str, np.ndarray], n_ctx: int = 4096,
                  precision: str = "f32", order: str | None = None):
-        """order: the interpreter's (interpreter.ORDERS); by default, for int8, the compiled
-        library's order on this CPU (library_order), since quantized activations would turn
-        BLAS's other rounding into other int8 values; for f32, NumPy's."""
+        """order: the interpreter's (interpreter.ORDERS); by default, for int8 and native, the
+        compiled library's order on this CPU (library_order), since quantized activations would
+        turn BLAS's other rounding into other int8 values; for f32, NumPy's. native runs int8's
+        graph on the weights quantize.NativeWeights makes."""
         self.config = config
         self.n_ctx = check_n_ctx(n_ctx, config)
         self.precision = check_precision(precision)
-        self.weights = dict(weights_in(precision, weights))
-        self.order = order or (library_order() if precision == "int8" else "numpy")
+        view = weights_in(precision, weights)
+        said = fallback_note(view)
+        if said:
+            note(said)
+        self.weights = dict(view)
+        graph = GRAPH_OF[precision]
+        self.order = order or (library_order() if graph == "int8" else "numpy")
         self._run = functools.partial(interpreter.run, order=self.order)
-        self._graphs = {False: build_qwen2(config, "last", precision), True: build_qwen2(config, "all", precision)}
+        self._graphs = {False: build_qwen2(config, "last", graph), True: build_qwen2(config, "all", graph)}
         self.reset()
 
     def reset(self) -> None:
@@ -90,8 +98,10 @@ def open_session(model, backend: str = "compiled", n_ctx: int = 4096, threads: i
     tuned=False: the recipes' schedules even where `nanocompile tune` measured others."""
     check_precision(precision)
     if backend == "interp":
-        # every weight converted (and checked) before the first step
-        return InterpreterSession(model.config, model.weights.materialize(), n_ctx=n_ctx, precision=precision)
+        # every weight converted (and checked) before the first step; int8's forms are made from
+        # the source one tensor at a time, without keeping a float32 copy
+        weights = model.weights if GRAPH_OF[precision] == "int8" else model.weights.materialize()
+        return InterpreterSession(model.config, weights, n_ctx=n_ctx, precision=precision)
     if backend == "compiled":
         return CompiledSession(model.config, model.weights, n_ctx=n_ctx, threads=threads,
                                weights_key=model.key, progress=progress, precision=precision, tuned=tuned)

@@ -80,7 +80,10 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n
 
 
 def write_gguf(path: Path, cfg: Qwen2Config, weights: dict[str, np.ndarray], quantize: bool = True,
-               tokenizer: bool = True, arch: str = "qwen2", skip: tuple = (), rename: dict | None = None) -> Path:
+               tokenizer: bool = True, arch: str = "qwen2", skip: tuple = (), rename: dict | None = None,
+               tensor_types: dict[str, str] | None = None) -> Path:
+    """tensor_types: a ggml type name per tensor (transformers' names; "F32" too) where quantize's rule
+    (Q8_0 for matrices of whole blocks) should not decide."""
     import gguf
 
     from nanocompile.models.gguf_model import LAYER_NAMES, TOP_NAMES
@@ -114,9 +117,13 @@ def write_gguf(path: Path, cfg: Qwen2Config, weights: dict[str, np.ndarray], qua
         if name in skip:
             continue
         gname = (rename or {}).get(name, to_gguf[name])
-        if quantize and array.ndim == 2 and array.shape[1] % 32 == 0:
-            q = gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        kind = (tensor_types or {}).get(name)
+        if kind is None and quantize and array.ndim == 2 and array.shape[1] % 32 == 0:
+            kind = "Q8_0"
+        if kind not in (None, "F32"):
+            qtype = gguf.GGMLQuantizationType[kind]
+            q = gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype)
+            w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=qtype)
         else:
             w.add_tensor(gname, np.ascontiguousarray(array, dtype=np.float32))
     w.write_header_to_file()

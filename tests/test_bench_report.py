@@ -83,7 +83,7 @@ def test_decode_weight_bytes_match_gguf_librarys_tensor_sizes(tmp_path):
 
 
 def test_native_has_its_row_and_says_why_it_is_missing():
-    from nanocompile.frontend.qwen2 import PRECISIONS
+    from nanocompile.choices import PRECISIONS
 
     native = engines.BY_ID["nc-native"]
     assert native.peer == "llama-file"

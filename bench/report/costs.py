@@ -49,6 +49,7 @@ def nanocompile_cold(spec: dict) -> dict:
     cache, scratch = Path(os.environ["NANOCOMPILE_CACHE"]), Path(spec["scratch"])
     link_models(Path(spec["models_from"]), cache)
     from nanocompile.build import cmake_build, find_or_build
+    from nanocompile.choices import GRAPH_OF
     from nanocompile.codegen.render import render_tree
     from nanocompile.compiler import compile_model
     from nanocompile.generate import write_tree
@@ -58,7 +59,8 @@ def nanocompile_cold(spec: dict) -> dict:
     clock = Stopwatch()
     model = load_model(spec["files"]["source"], progress=False)
     clock.lap("load")
-    module = compile_model(model.config, BY_ID[spec["engine"]].weights)
+    precision = BY_ID[spec["engine"]].weights
+    module = compile_model(model.config, GRAPH_OF[precision])  # native runs int8's library
     clock.lap("pipeline")
     lib, manifest = find_or_build(module)
     shipped = cache not in Path(lib).parents
@@ -71,7 +73,7 @@ def nanocompile_cold(spec: dict) -> dict:
     else:
         build_bytes = tree_bytes(Path(lib).parent)
     clock.lap("C build")
-    packed, _, _ = open_packed(module, model.weights, model.key)
+    packed, _, _ = open_packed(module, model.weights, model.key, precision=precision)
     clock.lap("pack weights")
     return {"stages": clock.stages, "seconds": sum(v for k, v in clock.stages.items() if k != "find shipped library"),
             "library_shipped": shipped, "disk": {"packed weights": packed.stat().st_size,

@@ -38,7 +38,7 @@ _NEEDS = {"llama.cpp": ("llama_cpp", "llama-cpp-python (pip install '.[bench]')"
 
 
 def nanocompile_precisions() -> tuple[str, ...]:
-    from nanocompile.frontend.qwen2 import PRECISIONS
+    from nanocompile.choices import PRECISIONS
 
     return tuple(PRECISIONS)
 

@@ -96,14 +96,15 @@ COLUMNS = ("model", "size", "params", "precision", "backend", "threads", "test")
 
 
 def weights_bytes(cfg, precision: str) -> int:
-    """The bytes of the weights in a precision's form (int8: 1 byte per value and a float16
-    scale per 32), as the packed weights file holds them."""
+    """The bytes of the weights in a precision's form (int8 and native: 1 byte per value and a
+    float16 scale per 32), as the packed weights file holds them."""
     import numpy as np
 
+    from ..choices import GRAPH_OF
     from ..frontend.qwen2 import weight_specs
 
     sizes = {"f32": 4, "i8": 1, "f16": 2}
-    return sum(int(np.prod(shape)) * sizes[dtype] for shape, dtype in weight_specs(cfg, precision).values())
+    return sum(int(np.prod(shape)) * sizes[dtype] for shape, dtype in weight_specs(cfg, GRAPH_OF[precision]).values())
 
 
 def render(rows: list[dict], fmt: str) -> str:

@@ -59,7 +59,9 @@ def add_model_flags(p: argparse.ArgumentParser, threads: bool = True) -> None:
                        help="threads (the interpreter passes them to NumPy's BLAS)")
     p.add_argument("--precision", default="f32", choices=list(PRECISIONS),
                    help="f32: float32 weights and arithmetic; int8: Q8_0 weights, activations quantized in "
-                        "blocks of 32, exact int32 dot products (norms, attention and the KV cache stay float32)")
+                        "blocks of 32, exact int32 dot products (norms, attention and the KV cache stay float32); "
+                        "native: int8's kernels on the GGUF's own Q8_0/Q5_0/Q4_0 blocks, other types requantized "
+                        "to Q8_0 (named on stderr)")
     p.add_argument("--backend", choices=["compiled", "interp"], default="compiled",
                    help="compiled: the whole-model C library (default); interp: the NumPy interpreter")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")

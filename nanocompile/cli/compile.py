@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..choices import PRECISIONS, STAGE_NAMES
+from ..choices import GRAPH_OF, PRECISIONS, STAGE_NAMES
 from .common import check_precision
 
 
@@ -34,16 +34,17 @@ def cmd_compile(args) -> int:
     model = load_model(args.model, progress=not args.quiet)
     if args.dump_after:
         stage(f"compiling, printing the IR after stage {args.dump_after}")
-        compile_model(model.config, precision=args.precision, march=args.march, dump_after=args.dump_after,
+        compile_model(model.config, precision=GRAPH_OF[args.precision], march=args.march, dump_after=args.dump_after,
                       tuned=() if args.no_tuned else tuned_schedules(args.march))
         return 0
     stage("compiling: graph, passes, loop IR, schedules")
     tuned = () if args.no_tuned else tuned_schedules(args.march)
-    module = compile_model(model.config, precision=args.precision, march=args.march, tuned=tuned)
+    module = compile_model(model.config, precision=GRAPH_OF[args.precision], march=args.march, tuned=tuned)
     stage(f"building the library ({module.march}, {len(module.kernels)} kernels) with CMake, or finding it built")
     lib, manifest = find_or_build(module)
     stage("packed weights: checking the cache, or packing them from the model file")
-    packed, _, made = open_packed(module, model.weights, model.key, progress=not args.quiet)
+    packed, _, made = open_packed(module, model.weights, model.key, progress=not args.quiet,
+                                  precision=args.precision)
     stage("packing weights: done" if made else "packed weights: already in the cache")
     stage("done")
     print(f"model     {model.source}")
@@ -64,7 +65,8 @@ def cmd_compile(args) -> int:
 def add_parser(sub) -> None:
     p = sub.add_parser("compile", help="build a model's library and pack its weights ahead of time")
     p.add_argument("-m", "--model", default="default", help="'default', a GGUF file or a Hugging Face directory")
-    p.add_argument("--precision", default="f32", choices=list(PRECISIONS), help="f32 or int8")
+    p.add_argument("--precision", default="f32", choices=list(PRECISIONS),
+                   help="f32, int8 or native (int8's library on the GGUF's own blocks where exact)")
     p.add_argument("--march", help="x86-64 level to compile for (default: this CPU's, e.g. x86-64-v4)")
     p.add_argument("--dump-after", choices=list(STAGE_NAMES), metavar="STAGE",
                    help=f"print the graph or loop IR after a stage and stop ({', '.join(STAGE_NAMES)})")

@@ -17,7 +17,7 @@ from ..ir.graph import Graph, GraphBuilder
 from ..ir.ops import QBLOCK
 from ..signature import VARIANTS, Signature, State, StepInput, StepOutput, StepProgram, WeightSpec, identifier
 from . import nn
-from ..choices import PRECISIONS
+from ..choices import GRAPH_PRECISIONS as PRECISIONS
 from .config import Qwen2Config, weight_shapes
 
 LOGITS = VARIANTS

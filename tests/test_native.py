@@ -1,0 +1,329 @@
+"""--precision native (issue 13, first step): int8's graph and library fed the GGUF's own blocks
+wherever a format is exactly int8's form (a float16 scale per 32, no min: Q8_0, Q5_0, Q4_0:
+qs = q - offset, d as stored), every other matrix requantized to Q8_0 as int8 does, named in
+one note per packing."""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nanocompile.checks import weights_in
+from nanocompile.choices import GRAPH_OF, PRECISIONS
+from nanocompile.formats import FORMATS, format_named
+from nanocompile.library import CompiledSession
+from nanocompile.quantize import Int8Weights, NativeWeights, exact_in_int8, quantize_q8_0
+from nanocompile.session import InterpreterSession, library_order, open_session
+
+from helpers import greedy_run, random_weights, real_prompt_ids, tiny_config, write_gguf, write_hf_dir
+
+EXACT = {"Q8_0", "Q5_0", "Q4_0"}
+
+
+def dequantized(kind: str, raw: np.ndarray) -> np.ndarray:
+    """The gguf library's float32 values of stored blocks (rows of bytes)."""
+    import gguf
+
+    return gguf.quants.dequantize(np.asarray(raw), gguf.GGMLQuantizationType[kind])
+
+
+def int8_values(qs: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """What int8's kernels multiply: qs * d per block of 32, as float32."""
+    n, k = qs.shape
+    return (qs.reshape(n, k // 32, 32).astype(np.float32) * d[:, :, None].astype(np.float32)).reshape(n, k)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+# which formats run exactly ---------------------------------------------------------------------
+
+def test_exact_formats_are_those_with_one_float16_scale_per_32_and_no_min():
+    exact = {fmt.name for fmt in FORMATS.values() if exact_in_int8(fmt)}
+    assert exact == EXACT
+    assert not exact_in_int8(None)  # a type with no description (F32, F16, BF16)
+
+
+def test_native_is_a_precision_running_int8s_graph():
+    assert "native" in PRECISIONS and GRAPH_OF["native"] == "int8"
+
+
+# a tiny GGUF with every kind of tensor ---------------------------------------------------------
+
+CFG = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, layers=2, vocab=300)
+
+
+def tiny_types(cfg) -> dict[str, str]:
+    """Layer 0 in the exact formats; layer 1's down projection Q4_1 (a min: no exact form) and
+    its up projection float32: both fall back."""
+    types = {"model.embed_tokens.weight": "Q5_0", "lm_head.weight": "Q8_0"}
+    for i in range(cfg.num_hidden_layers):
+        layer = f"model.layers.{i}."
+        types.update({layer + "self_attn.q_proj.weight": "Q5_0", layer + "self_attn.k_proj.weight": "Q4_0",
+                      layer + "self_attn.v_proj.weight": "Q8_0", layer + "self_attn.o_proj.weight": "Q5_0",
+                      layer + "mlp.gate_proj.weight": "Q4_0", layer + "mlp.up_proj.weight": "Q5_0",
+                      layer + "mlp.down_proj.weight": "Q5_0"})
+    types["model.layers.1.mlp.down_proj.weight"] = "Q4_1"
+    types["model.layers.1.mlp.up_proj.weight"] = "F32"
+    return types
+
+
+FALLBACKS = {"model.layers.1.mlp.down_proj.weight": "Q4_1", "model.layers.1.mlp.up_proj.weight": "F32"}
+
+
+@pytest.fixture(scope="module")
+def tiny_native(tmp_path_factory):
+    """The tiny model in a GGUF of mixed types, loaded into a cache of its own."""
+    from nanocompile.models import load_model
+
+    d = tmp_path_factory.mktemp("native")
+    cfg = tiny_config(**CFG)
+    path = write_gguf(d / "mixed.gguf", cfg, random_weights(cfg, seed=11), tensor_types=tiny_types(cfg))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NANOCOMPILE_CACHE", str(d / "cache"))
+        return load_model(path, progress=False), d / "cache"
+
+
+def test_tiny_native_weights_are_the_files_blocks(tiny_native):
+    """Every matrix in an exact format: qs * d is the gguf library's dequantization, bit for bit;
+    the others are int8's requantization of their float32 values; vectors stay float32."""
+    model, _ = tiny_native
+    native = weights_in("native", model.weights)
+    assert isinstance(native, NativeWeights)
+    assert native.fallbacks == FALLBACKS
+    int8 = weights_in("int8", model.weights)
+    for name, kind in native.types.items():
+        qs, d = native[name + ".qs"], native[name + ".d"]
+        assert qs.dtype == np.int8 and d.dtype == np.float16
+        if kind in EXACT:
+            assert same_bits(int8_values(qs, d), dequantized(kind, model.weights.raw(name)[1])), name
+            low, high = (-127, 127) if kind == "Q8_0" else (-2 ** (format_named(kind).bits - 1),
+                                                              2 ** (format_named(kind).bits - 1) - 1)
+            assert low <= qs.min() and qs.max() <= high
+        else:
+            assert np.array_equal(qs, int8[name + ".qs"]) and np.array_equal(d, int8[name + ".d"]), name
+    norm = "model.layers.0.input_layernorm.weight"
+    assert np.array_equal(native[norm], model.weights[norm])
+
+
+def test_the_note_names_each_fallback_and_its_type(tiny_native):
+    note = weights_in("native", tiny_native[0].weights).fallback_note()
+    assert "2 tensor(s)" in note
+    assert "Q4_1: model.layers.1.mlp.down_proj.weight" in note and "F32: model.layers.1.mlp.up_proj.weight" in note
+
+
+def test_native_library_is_bitwise_its_unscheduled_build_and_the_interpreter(tiny_native, monkeypatch, capfd):
+    """The same int8 library as int8's, with the native weights packed in a file of its own: bit
+    for bit its own unfused, unscheduled build and the interpreter in the library's order
+    (library_order): logits of a prompt in two chunks, cached steps, the KV cache. The fallback
+    note is said once per packing."""
+    model, cache = tiny_native
+    monkeypatch.setenv("NANOCOMPILE_CACHE", str(cache))
+    ids = [int(t) for t in np.random.default_rng(3).integers(0, model.config.vocab_size, 70)]  # chunks 64 + 6
+    compiled = open_session(model, "compiled", n_ctx=128, threads=2, precision="native")
+    said = capfd.readouterr().err
+    assert said.count("requantized to Q8_0") == 1 and "Q4_1" in said
+    plain = CompiledSession(model.config, model.weights, n_ctx=128, precision="native", fuse=False, schedule=False)
+    interp = InterpreterSession(model.config, model.weights, n_ctx=128, precision="native")
+    assert interp.order == library_order()
+    runs = [[s.step(ids, all_logits=True)] + [s.step([t]) for t in (5, 6, 7)] for s in (compiled, plain, interp)]
+    for other in runs[1:]:
+        assert all(same_bits(a, b) for a, b in zip(runs[0], other))
+    for layer in range(model.config.num_hidden_layers):
+        for a, b, kv in zip(compiled.read_cache(layer), plain.read_cache(layer), "kv"):
+            assert same_bits(a, b) and same_bits(a, interp.cache[f"cache.{layer}.{kv}"])
+    capfd.readouterr()
+    again = open_session(model, "compiled", n_ctx=128, threads=2, precision="native")  # from the cache
+    assert "requantized" not in capfd.readouterr().err
+    assert again.packed_path == compiled.packed_path
+
+
+def test_native_and_int8_share_the_library_not_the_packed_file(tiny_native, monkeypatch):
+    from nanocompile.cache.files import read_record, sidecar_path
+
+    def sidecar_made_from(path):
+        return read_record(sidecar_path(path))["made_from"]
+
+    model, cache = tiny_native
+    monkeypatch.setenv("NANOCOMPILE_CACHE", str(cache))
+    sessions = {p: open_session(model, "compiled", n_ctx=64, threads=1, precision=p) for p in ("int8", "native")}
+    native, int8 = sessions["native"], sessions["int8"]
+    assert native.lib.path == int8.lib.path and native.module.fingerprint == int8.module.fingerprint
+    assert native.packed_path != int8.packed_path
+    assert native.packed_path.name.endswith("-native.bin")
+    assert sidecar_made_from(native.packed_path)["precision"] == "native"
+    assert sidecar_made_from(int8.packed_path)["precision"] == "int8"
+    assert native.packed_path.read_bytes() != int8.packed_path.read_bytes()  # Q5_0/Q4_0 tensors differ
+    ids = [3, 14, 15, 92, 65]
+    assert not np.array_equal(native.step(ids), int8.step(ids))
+
+
+def test_a_source_without_stored_blocks_runs_native_as_int8(tmp_path, capfd):
+    """A Hugging Face directory has float32 (or bfloat16) tensors only: native is int8 there, and
+    says so once."""
+    from nanocompile.models import load_model
+
+    cfg = tiny_config(**CFG)
+    path = write_hf_dir(tmp_path / "hf", cfg, random_weights(cfg, seed=2))
+    model = load_model(path, progress=False)
+    native = weights_in("native", model.weights)
+    assert native.blocks is None and set(native.fallbacks) == set(native.types)
+    assert "has no stored quantized blocks" in native.fallback_note()
+    int8 = weights_in("int8", model.weights)
+    assert isinstance(int8, Int8Weights) and not isinstance(int8, NativeWeights)
+    for name in native:
+        assert np.array_equal(native[name], int8[name]), name
+    plain = weights_in("native", {"w": np.ones((4, 32), np.float32)})  # a mapping of arrays: the same
+    assert plain.fallback_note() and np.array_equal(plain["w.qs"], quantize_q8_0(np.ones((4, 32), np.float32))[0])
+
+
+def test_cli_runs_native(tiny_native):
+    model, cache = tiny_native
+    env = {"NANOCOMPILE_CACHE": str(cache), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-m", "nanocompile", "run", "-m", str(model.source), "--prompt-ids", "3 14 15",
+                        "-n", "4", "--temp", "0", "--ids", "--precision", "native", "-q"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr
+    interp = greedy_run(InterpreterSession(model.config, model.weights, n_ctx=64, precision="native"), [3, 14, 15], 4)
+    assert [int(t) for t in r.stdout.split()] == interp["tokens"]
+
+
+# the real default model (Q4_K_M) ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def real_native(real_model):
+    return weights_in("native", real_model.weights)
+
+
+def test_real_exact_tensors_are_the_files_values(real_model, real_native):
+    """Every Q5_0 and Q8_0 tensor of the default model: native's qs * d equals the gguf library's
+    dequantization of the file's tensor, bit for bit."""
+    counted = {}
+    for name, kind in real_native.types.items():
+        if kind not in EXACT:
+            continue
+        qs, d = real_native[name + ".qs"], real_native[name + ".d"]
+        assert same_bits(int8_values(qs, d), dequantized(kind, real_model.weights.raw(name)[1])), name
+        counted[kind] = counted.get(kind, 0) + 1
+    print(f"exact: {counted}")
+    # the file's mix (docs/results/phase7.md): attn_q/k/output, ffn_gate/up, half of attn_v and the
+    # embedding in Q5_0; the output head and the other half of attn_v in Q8_0
+    assert counted == {"Q5_0": 24 * 6 - 12 + 1, "Q8_0": 12 + 1}
+
+
+def test_real_k_format_tensors_fall_back_with_the_note(real_model, real_native):
+    """Q4_K and Q6_K have per-16/32 sub-scales and mins in 256-blocks: no exact form in int8's
+    one float16 scale per 32. Each is requantized to Q8_0, the same numbers int8 uses."""
+    k_types = {name: real_model.weights.raw(name)[0] for name in real_native.types
+               if real_model.weights.raw(name)[0] in ("Q4_K", "Q6_K")}
+    assert real_native.fallbacks == k_types and len(k_types) == 24
+    note = real_native.fallback_note()
+    print(note)
+    assert "24 tensor(s)" in note and "Q4_K: model.layers.{" in note and "Q6_K: model.layers.{" in note
+    layers = {kind: note.split(f"{kind}: model.layers.{{")[1].split("}")[0].split(",") for kind in ("Q4_K", "Q6_K")}
+    assert sorted(int(i) for v in layers.values() for i in v) == list(range(24))
+    name = next(iter(k_types))
+    qs, d = quantize_q8_0(real_model.weights.tensor(name))
+    assert np.array_equal(real_native[name + ".qs"], qs) and np.array_equal(real_native[name + ".d"], d)
+
+
+def test_real_native_library_is_bitwise_the_native_interpreter(real_model, real_native):
+    """As int8's (test_int8_model.py): the interpreter sums its float32 parts in the generated
+    code's order (library_order), so the compiled native model's logits are the interpreter's
+    bit for bit: the prompt's rows and every step."""
+    ids = real_prompt_ids(real_model, "code")
+    interp = InterpreterSession(real_model.config, real_native, n_ctx=64, precision="native")
+    assert interp.order == library_order()
+    compiled = open_session(real_model, "compiled", n_ctx=64, threads=2, precision="native")
+    want, got = greedy_run(interp, ids, 6), greedy_run(compiled, ids, 6)
+    assert got["tokens"] == want["tokens"]
+    assert same_bits(got["prompt_logits"], want["prompt_logits"])
+    assert all(same_bits(a, b) for a, b in zip(got["step_logits"], want["step_logits"]))
+
+
+def llama_greedy(llm, ids: list[int], n: int) -> tuple[list[int], list[np.ndarray]]:
+    from nanocompile.peer import quiet_stderr
+
+    llm.reset()
+    with quiet_stderr():
+        llm.eval(ids)
+    tokens, logits = [], []
+    for _ in range(n):
+        logits.append(np.array(llm.scores[llm.n_tokens - 1], np.float32))
+        tokens.append(int(logits[-1].argmax()))
+        with quiet_stderr():
+            llm.eval([tokens[-1]])
+    return tokens, logits
+
+
+def forced_logits(session, ids: list[int], tokens: list[int]) -> list[np.ndarray]:
+    """The logits before each of tokens, fed in turn after the prompt."""
+    session.reset()
+    out = [session.step(ids)]
+    for t in tokens[:-1]:
+        out.append(session.step([t]))
+    return out
+
+
+def kl(reference: np.ndarray, other: np.ndarray) -> float:
+    def log_softmax(x):
+        x = x.astype(np.float64) - x.max()
+        return x - np.log(np.exp(x).sum())
+    p, q = log_softmax(reference), log_softmax(other)
+    return float((np.exp(p) * (p - q)).sum())
+
+
+N_STEPS = 24
+
+
+def test_real_native_against_llama_cpp_on_the_same_file(real_model, capsys):
+    """llama.cpp runs the Q4_K_M file itself. Along its greedy tokens on the three real prompts,
+    native's logits diverge from it less than int8's do (mean KL): native computes 146 of the 170
+    matrices from the very weights llama.cpp uses (int8 requantizes them all to Q8_0), with the
+    same Q8_0 activations of 32. What remains (the 24 K-format matrices, llama.cpp's float16 KV
+    cache and its summation order) is the same for both. Greedy agreement is printed, not
+    asserted: the remaining differences flip near ties."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    from nanocompile.peer import quiet_stderr
+
+    with quiet_stderr():
+        llm = llama_cpp.Llama(model_path=str(real_model.source), n_ctx=256, n_threads=2, n_threads_batch=2,
+                              logits_all=True, verbose=False)
+    sessions = {p: open_session(real_model, "compiled", n_ctx=256, threads=2, precision=p) for p in ("native", "int8")}
+    divergence = {p: [] for p in sessions}
+    report = []
+    for prompt in ("code", "english", "chat"):
+        ids = real_prompt_ids(real_model, prompt)
+        theirs, their_logits = llama_greedy(llm, ids, N_STEPS)
+        ours = greedy_run(sessions["native"], ids, N_STEPS)["tokens"]
+        same_prefix = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), N_STEPS)
+        for p, s in sessions.items():
+            logits = forced_logits(s, ids, theirs)
+            divergence[p] += [kl(t, o) for t, o in zip(their_logits, logits)]
+            if p == "native":
+                top = sum(int(o.argmax()) == t for o, t in zip(logits, theirs))
+        report.append(f"{prompt}: greedy tokens equal for the first {same_prefix} of {N_STEPS}; top token "
+                      f"agrees at {top} of {N_STEPS} steps along llama.cpp's tokens")
+    mean = {p: float(np.mean(v)) for p, v in divergence.items()}
+    with capsys.disabled():
+        print("\n" + "\n".join(report) + f"\nmean KL vs llama.cpp: native {mean['native']:.6f}, int8 {mean['int8']:.6f}")
+    assert mean["native"] < mean["int8"]
+
+
+def test_real_native_packed_size(real_model, monkeypatch):
+    """No float32 copy: the packed file holds 1 byte per matrix weight plus a float16 scale per
+    32 (1.0625 B per weight) and the float32 vectors, exactly; against the GGUF (Q5_0 is 0.6875 B
+    per weight, Q4_K 0.5625) that is more than issue 13's 1.2x: printed, not asserted, until
+    kernels read 5-bit storage (docs/results/phase7.md)."""
+    from nanocompile.frontend.qwen2 import weight_specs
+    from nanocompile.layout import HEADER_BYTES, WEIGHT_ALIGN
+
+    session = open_session(real_model, "compiled", n_ctx=64, threads=1, precision="native")
+    size = session.packed_path.stat().st_size
+    sizes = {"i8": 1, "f16": 2, "f32": 4}
+    data = sum(int(np.prod(shape)) * sizes[dtype] for shape, dtype in weight_specs(real_model.config, "int8").values())
+    gguf_size = Path(real_model.source).stat().st_size
+    print(f"packed native {size} B, GGUF {gguf_size} B: {size / gguf_size:.3f}x")
+    assert data <= size - HEADER_BYTES <= data + WEIGHT_ALIGN * len(session.module.weights)  # alignment padding only
