@@ -38,7 +38,7 @@
         return v;                                                  \
     }
 
-#define NC_VECTOR_WIDTH(L) NC_VECTOR_TYPES(L) NC_LANEWISE(L, expf) NC_LANEWISE(L, sqrtf) \
+#define NC_VECTOR_WIDTH(L) NC_VECTOR_TYPES(L) NC_LANEWISE(L, expf) NC_LANEWISE(L, sqrtf) NC_LANEWISE(L, rintf) \
     NC_LANEWISE(L, sinf) NC_LANEWISE(L, cosf)
 
 /* Integer lanes (int32 accumulators of int8 dot products) and float16 loads, converted exactly:

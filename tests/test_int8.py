@@ -211,6 +211,20 @@ def test_int8_model_agrees_with_the_int8_interpreter(name):
     assert np.abs(compiled["prompt_logits"] - interp["prompt_logits"]).max() <= 1e-4
 
 
+def test_int8_unfused_scheduled_model_is_bitwise_unscheduled():
+    """Schedules without fusion: the activation quantizer's rint kernel on its own in vector
+    lanes (nc_rintf, vrndscaleps) gives the same library results as the unscheduled build."""
+    cfg = tiny_config(**INT8_CONFIGS["odd-widths"])
+    w = random_weights(cfg, seed=4)
+    ids = [3, 14, 15, 92, 65, 35, 89]
+    base = CompiledSession(cfg, w, n_ctx=32, precision="int8", fuse=False, schedule=False)
+    scheduled = CompiledSession(cfg, w, n_ctx=32, precision="int8", fuse=False, threads=2)
+    assert any(k.startswith("rint") and k_.schedule for k, k_ in scheduled.module.kernels.items())
+    for s in (base, scheduled):
+        s.want = [s.step(ids, all_logits=True)] + [s.step([t]) for t in (5, 6)]
+    assert all(np.array_equal(a, b) for a, b in zip(base.want, scheduled.want))
+
+
 def test_q8_0_tensors_split_as_stored():
     """A GGUF Q8_0 tensor's blocks (a float16 scale, 32 int8 values) split into the kernels'
     arrays without a float32 round trip: the same bytes."""
