@@ -20,7 +20,9 @@
  * When a thread of the pool is descheduled while it holds a chunk, the others finish the rest of
  * the call and then have to wait for it: nothing else can finish that chunk. When that happens
  * (a thread waited for the rest of a call, asleep, more than NC_STALL times as long as its own
- * chunks of the call took on average, or as the call had run if it took none, and the process
+ * chunks of the call took on average, or as the call had run if it took none, and asleep at
+ * least NC_STALL_MIN_NS, a scheduler time slice: shorter hiccups happen on a quiet machine and
+ * halving the threads for them cost 1.2-1.4x of a 2-thread prefill; and the process
  * was preempted since the last look: getrusage's involuntary context switches), the pool halves
  * the number of threads that take chunks, at once, for a back-off time that doubles while it
  * keeps happening (20 ms to 1 s), then tries twice as many again. With a core taken by another
@@ -56,6 +58,7 @@
 #define NC_SPINS 4000          /* polls (~200 us) before a thread with nothing to take sleeps */
 #define NC_SPINS_CROWDED 64    /* the same with more threads than cores: the cores are needed */
 #define NC_STALL 3 /* a wait this many times a chunk's time: a peer was descheduled */
+#define NC_STALL_MIN_NS 1000000ull /* and asleep at least this long: a scheduler time slice, not a hiccup */
 #define NC_GRAIN_ALONE_NS 5000 /* per call, on the pool */
 #define NC_GRAIN_SHARE_NS 20000 /* per call, on one thread */
 #define NC_BACKOFF_MIN_NS 20000000ull   /* 20 ms */
@@ -194,6 +197,7 @@ static void wait_for_next(nc_pool *p, uint64_t w, int caller, const struct mine 
     if (caller)
         atomic_store(&p->caller_sleeps, 1);
     atomic_fetch_add(&p->sleepers, 1);
+    uint64_t asleep_since = now_ns();
     /* `opened` is stored just after `work`: a lagging value only sends us round once more */
     while (atomic_load(&p->opened) == seq && !atomic_load(&p->stop))
         futex_wait(&p->opened, seq);
@@ -201,7 +205,7 @@ static void wait_for_next(nc_pool *p, uint64_t w, int caller, const struct mine 
     if (caller)
         atomic_store(&p->caller_sleeps, 0);
     /* inside a pass, far longer than a chunk takes: a thread holding one was descheduled */
-    if (chunks_of(w) > 0 && ticks() - start > NC_STALL * yardstick)
+    if (chunks_of(w) > 0 && ticks() - start > NC_STALL * yardstick && now_ns() - asleep_since >= NC_STALL_MIN_NS)
         note_stall(p);
 }
 
