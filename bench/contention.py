@@ -49,7 +49,7 @@ TINY_REPEATS = 3  # decode runs per tiny-model process; the process reports thei
 
 def _tiny_session(threads: int):
     sys.path.insert(0, str(ROOT / "tests"))
-    from model_files import random_weights, tiny_config
+    from helpers import random_weights, tiny_config
 
     from nanocompile.library import CompiledSession
     cfg = tiny_config(**TINY)
