@@ -1,0 +1,38 @@
+"""pp512 and tg64 of the default model at 1 and 2 threads, each session opened anew, twice in
+alternation: a quick look at what a second thread gains (docs/POOL.md, the stall floor).
+
+    python -m bench.pp_tg [int8|f32|native]
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+
+def main() -> None:
+    from nanocompile.library import CompiledSession
+    from nanocompile.models import load_model
+
+    precision = sys.argv[1] if len(sys.argv) > 1 else "int8"
+    model = load_model("default", progress=False)
+    ids = [int(t) for t in np.random.default_rng(0).integers(1000, 100000, 512)]
+    for threads in (1, 2, 1, 2):
+        s = CompiledSession(model.config, model.weights, n_ctx=700, threads=threads, weights_key=model.key,
+                            precision=precision)
+        s.step(ids[:16])  # warm-up
+        s.reset()
+        t = time.perf_counter()
+        s.step(ids)
+        pp = len(ids) / (time.perf_counter() - t)
+        t = time.perf_counter()
+        for token in ids[:64]:
+            s.step([token])
+        tg = 64 / (time.perf_counter() - t)
+        print(f"{precision} threads {threads}: pp512 {pp:.0f} t/s, tg64 {tg:.1f} t/s", flush=True)
+        s.close()
+
+
+if __name__ == "__main__":
+    main()
