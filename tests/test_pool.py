@@ -45,8 +45,10 @@ def test_every_chunk_runs_once_and_calls_run_in_order(build, compiler, tmp_path)
         shared, alone = map(int, r.stdout.split()[1:])
         if threads == 1:
             assert (shared, alone) == (0, passes)
-        else:  # light passes go to one thread, heavy ones are shared again
+        elif build == "plain":  # light passes go to one thread, heavy ones are shared again
             assert shared > 0 and alone > 0, (threads, shared, alone)
+        else:  # a sanitizer slows every call several-fold: light passes may stay above the grain
+            assert shared > 0, (threads, shared, alone)
 
 
 def test_the_stress_harness_catches_a_pool_that_runs_a_chunk_twice(compiler, tmp_path):
