@@ -1,7 +1,7 @@
 """pp512 and tg64 of the default model at 1 and 2 threads, each session opened anew, twice in
 alternation: a quick look at what a second thread gains (docs/POOL.md, the stall floor).
 
-    python -m bench.pp_tg [int8|f32|native]
+    python -m bench.pp_tg [int8|f32|native]      # appends to bench/results.jsonl
 """
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import sys
 import time
 
 import numpy as np
+
+from bench.common import append
 
 
 def main() -> None:
@@ -18,6 +20,7 @@ def main() -> None:
     precision = sys.argv[1] if len(sys.argv) > 1 else "int8"
     model = load_model("default", progress=False)
     ids = [int(t) for t in np.random.default_rng(0).integers(1000, 100000, 512)]
+    runs = []
     for threads in (1, 2, 1, 2):
         s = CompiledSession(model.config, model.weights, n_ctx=700, threads=threads, weights_key=model.key,
                             precision=precision)
@@ -31,7 +34,9 @@ def main() -> None:
             s.step([token])
         tg = 64 / (time.perf_counter() - t)
         print(f"{precision} threads {threads}: pp512 {pp:.0f} t/s, tg64 {tg:.1f} t/s", flush=True)
+        runs.append({"threads": threads, "pp512": pp, "tg64": tg})
         s.close()
+    append({"bench": "pp_tg", "precision": precision, "runs": runs})
 
 
 if __name__ == "__main__":
