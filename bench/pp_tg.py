@@ -6,11 +6,10 @@ alternation: a quick look at what a second thread gains (docs/POOL.md, the stall
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
 
-from bench.common import append
+from bench.common import append, timed_session
 
 
 def main() -> None:
@@ -25,14 +24,8 @@ def main() -> None:
         s = CompiledSession(model.config, model.weights, n_ctx=700, threads=threads, weights_key=model.key,
                             precision=precision)
         s.step(ids[:16])  # warm-up
-        s.reset()
-        t = time.perf_counter()
-        s.step(ids)
-        pp = len(ids) / (time.perf_counter() - t)
-        t = time.perf_counter()
-        for token in ids[:64]:
-            s.step([token])
-        tg = 64 / (time.perf_counter() - t)
+        prefill, steps = timed_session(s, ids, 64)
+        pp, tg = len(ids) / prefill, len(steps) / sum(steps)
         print(f"{precision} threads {threads}: pp512 {pp:.0f} t/s, tg64 {tg:.1f} t/s", flush=True)
         runs.append({"threads": threads, "pp512": pp, "tg64": tg})
         s.close()

@@ -17,12 +17,16 @@ def lock_path(entry: Path) -> Path:
     return cache_root().place("locks") / f"{entry.name[:60]}-{xxhash.xxh3_64_hexdigest(str(entry).encode())}.lock"
 
 
+def _file_lock(entry: Path) -> FileLock:
+    path = lock_path(entry)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(path), thread_local=False)
+
+
 @contextmanager
 def entry_lock(entry: Path, what: str):
     """Holds entry's lock; says so once if another process holds it first."""
-    path = lock_path(entry)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path), thread_local=False)
+    lock = _file_lock(entry)
     try:
         lock.acquire(timeout=0)
     except Timeout:
@@ -37,9 +41,7 @@ def entry_lock(entry: Path, what: str):
 @contextmanager
 def try_entry_lock(entry: Path):
     """Holds entry's lock if no other process does; yields whether it got it."""
-    path = lock_path(entry)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path), thread_local=False)
+    lock = _file_lock(entry)
     try:
         lock.acquire(timeout=0)
     except Timeout:
