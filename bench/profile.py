@@ -1,5 +1,8 @@
 """Per-kernel times of one prefill and one decode step, from a library built with
-NANOCOMPILE_PROFILE (every kernel call timed on thread 0, to the end of its barrier)."""
+NANOCOMPILE_PROFILE (every kernel call timed on thread 0, to the end of its barrier).
+
+    python -m bench.profile [int8|f32|native] [prompt tokens]   # prints; appends to bench/results.jsonl
+"""
 from __future__ import annotations
 
 import ctypes
@@ -71,3 +74,27 @@ def print_profile(prof: dict, top: int) -> None:
             print(f"    {t['kernel']:45} {t['ms']:9.2f} ms  {t['calls']} calls")
 
 
+
+
+def main() -> None:
+    import sys
+
+    from bench.common import append
+    from nanocompile.library import CompiledSession
+    from nanocompile.models import load_model
+
+    precision = sys.argv[1] if len(sys.argv) > 1 else "int8"
+    n = int(sys.argv[2]) if len(sys.argv) > 2 else 512
+    model = load_model("default", progress=False)
+    s = CompiledSession(model.config, model.weights, n_ctx=n + 8, threads=THREADS, weights_key=model.key,
+                        precision=precision)
+    module = s.module
+    s.close()
+    prompt = [int(t) for t in np.random.default_rng(0).integers(1000, 100000, n)]
+    prof = profile(model, prompt, module)
+    print_profile(prof, 10)
+    append({"bench": "profile", "precision": precision, "prompt": n, "march": module.options.march, **prof})
+
+
+if __name__ == "__main__":
+    main()

@@ -39,7 +39,7 @@ from .passes.fold import fold_constants
 from .passes.fusion import plan_fusion
 from .schedule.program import kernel_digest, schedule_program
 from .signature import Signature, StepProgram, identifier
-from .target import detect_march, has_fma, vector_lanes
+from .target import detect_march, dot_weight_offset, has_fma, vector_lanes
 from .version import GENERATOR
 
 DEFAULT_CHUNK = 64
@@ -103,7 +103,8 @@ def run_separate(c: Compilation) -> None:
 
 
 def run_schedule(c: Compilation) -> None:
-    c.packed = schedule_program(c.kernels, c.programs.values(), c.lanes, c.options.choose, dict(c.options.tuned))
+    c.packed = schedule_program(c.kernels, c.programs.values(), c.lanes, c.options.choose, dict(c.options.tuned),
+                                dot_weight_offset(c.options.march))
 
 
 def run_memory(c: Compilation) -> None:

@@ -67,6 +67,15 @@ def level_flags(march: str) -> list[str]:
     return sorted(required)
 
 
+def dot_weight_offset(march: str | None) -> int:
+    """What int8 weights read by dot products are stored plus, as unsigned bytes
+    (schedule/unsigned.py): 128 on a +vnni target, whose vpdpbusd takes them as they are; 0
+    elsewhere (vpmaddubsw's int16 pair sums would saturate on unsigned weights up to 255)."""
+    if not march or march == "native":
+        return 0
+    return 128 if split_target(march)[1] else 0
+
+
 def compiler_flags(march: str) -> list[str]:
     """The C compiler's options for a target: -march=<level> and the extension's option."""
     if march == "native":

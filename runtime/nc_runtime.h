@@ -34,4 +34,14 @@ static inline float nc_max_nan(float acc, float v)
     return (v > acc || v != v) ? v : acc;
 }
 
+/* The sum of n int8 values, exact in int32 for n < 2^24: the correction a dot product with
+ * unsigned (offset) weights subtracts once per block (schedule/unsigned.py). */
+static inline int32_t nc_sum_i8(const int8_t *p, int n)
+{
+    int32_t s = 0;
+    for (int i = 0; i < n; ++i)
+        s += p[i];
+    return s;
+}
+
 #endif

@@ -115,6 +115,41 @@ static inline nc_i32x16 nc_dot4_16(nc_i32x16 acc, const int8_t *x, const int8_t 
 }
 #endif
 
+/* nc_dot4u_L(acc, x, u): as nc_dot4_L with u's bytes taken unsigned (a weight stored as value +
+ * offset, schedule/unsigned.py): lane l gains x[0]*u[4l] + ... + x[3]*u[4l+3] with u in [0, 255].
+ * vpdpbusd takes u as is (no sign moved per weight vector: one instruction per 4*L weights).
+ * Without VNNI, vpmaddubsw's int16 pair sums could saturate (255 * 127 * 2 > 32767), so the
+ * lanes are summed in int32 one by one; the recipes use offsets only where VNNI is. */
+#if defined(__AVX2__)
+static inline nc_i32x8 nc_dot4u_8(nc_i32x8 acc, const int8_t *x, const int8_t *u)
+{
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return (nc_i32x8)_mm256_dpbusd_epi32((__m256i)acc, _mm256_loadu_si256((const __m256i *)u), _mm256_set1_epi32(nc_x4(x)));
+#elif defined(__AVXVNNI__)
+    return (nc_i32x8)_mm256_dpbusd_avx_epi32((__m256i)acc, _mm256_loadu_si256((const __m256i *)u),
+                                             _mm256_set1_epi32(nc_x4(x)));
+#else
+    for (int l = 0; l < 8; ++l)
+        for (int t = 0; t < 4; ++t)
+            acc[l] += (int32_t)x[t] * (int32_t)(uint8_t)u[4 * l + t];
+    return acc;
+#endif
+}
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+static inline nc_i32x16 nc_dot4u_16(nc_i32x16 acc, const int8_t *x, const int8_t *u)
+{
+#if defined(__AVX512VNNI__)
+    return (nc_i32x16)_mm512_dpbusd_epi32((__m512i)acc, _mm512_loadu_si512(u), _mm512_set1_epi32(nc_x4(x)));
+#else
+    for (int l = 0; l < 16; ++l)
+        for (int t = 0; t < 4; ++t)
+            acc[l] += (int32_t)x[t] * (int32_t)(uint8_t)u[4 * l + t];
+    return acc;
+#endif
+}
+#endif
+
 /* a * b + c rounded once in every lane: the scalar code's fmaf, lane by lane (vfmadd) */
 #if defined(__AVX2__) && defined(__FMA__)
 static inline nc_f32x8 nc_fma8(nc_f32x8 a, nc_f32x8 b, nc_f32x8 c)

@@ -18,9 +18,10 @@ from nanocompile.ir import SEQ
 from nanocompile.loopir.ir import format_kernel
 from nanocompile.library import CompiledSession
 from nanocompile.quantize import quantize_q8_0, split_q8_0
-from nanocompile.schedule import DotProduct, Pack, Parallel, Vectorize, apply
+from nanocompile.schedule import DotProduct, Pack, Parallel, ScheduleError, UnrollJam, Vectorize, apply
+from nanocompile.schedule.pack import pack_array
 from nanocompile.session import InterpreterSession
-from nanocompile.target import runnable_targets, vector_lanes
+from nanocompile.target import dot_weight_offset, runnable_targets, vector_lanes
 
 from helpers import THREADS, graph_kernels, greedy_run, make_graph, random_weights, tiny_config
 
@@ -110,14 +111,50 @@ def test_vector_dot_kernels_are_bitwise_at_every_target(march, monkeypatch):
     g = projection_graph(70, 64)
     w = weights(70, 64, seed=3)
     recipe = GraphLibrary(g, fuse=True, schedule="default")
-    if lanes:
-        assert f"nc_dot4_{lanes}(" in recipe.source, "the recipe used no dot products"
+    if lanes:  # unsigned weights (offset 128) where vpdpbusd takes them, else the sign moved per vector
+        helper = "nc_dot4u" if dot_weight_offset(march) else "nc_dot4"
+        assert f"{helper}_{lanes}(" in recipe.source, f"the recipe used no {helper}"
     check_bitwise(recipe, g, w, np.random.default_rng(4))
-    if lanes:
-        one = (Vectorize("i1", lanes), DotProduct("j", 4), Pack("p2", 96, lanes, 4), Pack("p4", 3, lanes),
-               Parallel("i1"))
-        lib = GraphLibrary(g, fuse=True, schedule=lambda k: one if k.op == "block_matmul" else ())
-        check_bitwise(lib, g, w, np.random.default_rng(5), threads=(1, 2))
+    if lanes:  # both storages at every target: without VNNI, nc_dot4u's exact lane loop
+        for offset in (0, 128):
+            one = (Vectorize("i1", lanes), DotProduct("j", 4), Pack("p2", 96, lanes, 4, offset), Pack("p4", 3, lanes),
+                   Parallel("i1"))
+            lib = GraphLibrary(g, fuse=True, schedule=lambda k: one if k.op == "block_matmul" else ())
+            check_bitwise(lib, g, w, np.random.default_rng(5), threads=(1, 2))
+
+
+def test_unsigned_weights_read_outside_dot_products_are_corrected():
+    """A weight stored + 128 and read by scalar code (no dot products: the plain products, as a
+    gather would read it) subtracts the offset at each read: bitwise as before."""
+    g = projection_graph(70, 48)
+    w = weights(70, 48, seed=6)
+    plain = (Pack("p2", 96, 16, 4, 128), Parallel("i1"))
+    lib = GraphLibrary(g, fuse=True, schedule=lambda k: plain if k.op == "block_matmul" else ())
+    assert "(uint8_t)" in lib.source
+    check_bitwise(lib, g, w, np.random.default_rng(7), threads=(1, 3))
+
+
+def test_unsigned_weights_start_each_block_from_the_activation_sum():
+    """The correction -offset * sum(x) is one start per block and row, shared by the tile's
+    column vectors; lanes reading the stored bytes outside a dot product are refused."""
+    g = projection_graph(64, 64)
+    k = next(k for k in graph_kernels(g).values() if k.op == "block_matmul")
+    s = (Vectorize("i1", 16), DotProduct("j", 4), UnrollJam("i1", 2), Pack("p2", 64, 32, 4, 128), Pack("p4", 2, 32),
+         Parallel("i1"))
+    text = format_kernel(apply(k, s))
+    assert text.count("start_isum_0: i32 = (-128 * sum32(p1[((i0 * 64) + (b * 32))]))") == 1
+    assert "isum_1: i32 = start_isum_0" in text and "unsigned p2 - 128" in text
+    assert "sum4" not in text  # no correction left at the dot products
+    with pytest.raises(ScheduleError, match="outside a dot product"):
+        apply(k, (Vectorize("i1", 16), Pack("p2", 64, 16, 1, 128)))
+
+
+def test_pack_array_offset_stores_unsigned_bytes():
+    w = np.array([[-127, 0, 5, 127]] * 2, np.int8)
+    packed = pack_array(w, 4, 2, 4, 128)
+    assert packed.dtype == np.uint8 and packed.tolist() == [[1, 128, 133, 255]] * 2
+    with pytest.raises(ValueError, match="leave an unsigned byte"):
+        pack_array(np.array([[-127, 0, 5, 127]] * 2, np.int8), 4, 2, 4, 16)
 
 
 @pytest.mark.parametrize("march", TARGETS)

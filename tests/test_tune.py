@@ -91,7 +91,8 @@ def test_every_kernel_space_is_legal_and_holds_the_recipe():
 
 def test_directives_round_trip_through_the_results_file(tmp_path):
     all_kinds = [D.Split("i0", 6), D.Reorder("i0", "i1"), D.Unroll("i1", 2), D.UnrollJam("i0i", 4),
-                 D.Vectorize("i1", 16), D.Pack("p2", 896, 64), D.Parallel("i1")]
+                 D.Vectorize("i1", 16), D.Pack("p2", 896, 64), D.Pack("p2", 896, 64, 4), D.Pack("p2", 896, 64, 4, 128),
+                 D.DotProduct("j", 4), D.Parallel("i1")]
     assert store.parse_schedule(store.schedule_text(all_kinds)) == tuple(all_kinds)
     with pytest.raises(ValueError, match="not a schedule directive"):
         store.parse_directive("Explode(i0)")

@@ -7,12 +7,13 @@ import numpy as np
 
 from ..ir.expr import Expr
 from ..loopir.affine import build, linear
-from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, Cast, Dot, FConst, Fma, IConst, Lane, Load, Loop, Poly, Select,
-                         Store, Un, Var)
+from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, ByteSum, Cast, Dot, FConst, Fma, IConst, Lane, Load, Loop,
+                         Poly, Select, Store, Un, Var)
 from ..loopir.traverse import statements as all_statements
 from ..loopir.traverse import fold, walk
 
-C_TYPES = {"f32": "float", "i32": "int32_t", "bool": "uint8_t", "i64": "int64_t", "i8": "int8_t", "f16": "_Float16"}
+C_TYPES = {"f32": "float", "i32": "int32_t", "bool": "uint8_t", "i64": "int64_t", "i8": "int8_t", "u8": "uint8_t",
+           "f16": "_Float16"}
 UNARY = {"sqrt": "sqrtf", "exp": "expf", "sin": "sinf", "cos": "cosf", "rint": "rintf"}
 
 
@@ -78,10 +79,23 @@ def c(e, top: bool = True) -> str:
     if isinstance(e, Acc):
         return e.name
     if isinstance(e, Dot):  # the scalar form: the width products in order
+        b_type = "(int32_t)(uint8_t)" if e.b_offset else "(int32_t)"
         terms = [f"(int32_t){e.a.param}[{c(fold(Bin('+', e.a.index, IConst(t))))}] * "
-                 f"(int32_t){e.b.param}[{c(fold(Bin('+', e.b.index, IConst(t))))}]" for t in range(e.width)]
+                 f"{b_type}{e.b.param}[{c(fold(Bin('+', e.b.index, IConst(t))))}]" for t in range(e.width)]
         return wrap(" + ".join([c(e.acc, False)] + terms))
+    if isinstance(e, ByteSum):
+        return f"nc_sum_i8({address(e.a.param, e.a.index)}, {e.count})"
     raise TypeError(f"not a loop-IR expression: {e!r}")
+
+
+def address(param: str, index) -> str:
+    """The address of (lane 0's) element index of param."""
+    terms, const = linear(index)
+    terms.pop(Lane(), None)
+    base = c(build(terms, const))
+    if base == "0":
+        return param
+    return f"{param} + {base}" if base.isidentifier() or base.isdigit() else f"{param} + ({base})"
 
 
 def operator(e, sub, function, wrap) -> str:
@@ -133,7 +147,7 @@ def dtype_of(e, dtypes: dict) -> str:
         return e.dtype
     if isinstance(e, FConst):
         return "f32"
-    if isinstance(e, Dot):
+    if isinstance(e, (Dot, ByteSum)):
         return "i32"
     if isinstance(e, Bin):
         if e.op in ("<=", "<"):
@@ -180,13 +194,7 @@ class VectorC:
         return f"nc_{self.VECTOR_TYPES[dtype]}x{self.lanes}"
 
     def address(self, param: str, index) -> str:
-        """The address of lane 0's element."""
-        terms, const = linear(index)
-        terms.pop(Lane(), None)
-        base = c(build(terms, const))
-        if base == "0":
-            return param
-        return f"{param} + {base}" if base.isidentifier() or base.isdigit() else f"{param} + ({base})"
+        return address(param, index)
 
     def splat(self, e) -> str:
         if self.is_vector(e):
@@ -217,7 +225,10 @@ class VectorC:
             return f"nc_i32_to_f32_{self.lanes}({self.expr(e.a)})"
         if isinstance(e, Dot):  # one operand the same in every lane (x), the other in groups (w)
             x, w = (e.a, e.b) if not self.is_vector(e.a) else (e.b, e.a)
-            return (f"nc_dot4_{self.lanes}({self.splat(e.acc)}, {self.address(x.param, x.index)}, "
+            if e.b_offset and w is not e.b:
+                raise TypeError(f"the unsigned operand {e.b.param} of a dot product is the same in every lane")
+            helper = "nc_dot4u" if e.b_offset else "nc_dot4"  # u: w's bytes multiplied unsigned
+            return (f"{helper}_{self.lanes}({self.splat(e.acc)}, {self.address(x.param, x.index)}, "
                     f"{self.address(w.param, w.index)})")
         if isinstance(e, Acc):
             return e.name

@@ -138,12 +138,24 @@ class Load(Node):
 @dataclass(frozen=True)
 class Dot(Node):
     """acc + the sum over t < width of i32(a@t) * i32(b@t), exact in int32, where x@t loads the
-    element t after x's: a dot product of `width` consecutive int8 pairs, one vpdpbusd lane."""
+    element t after x's: a dot product of `width` consecutive int8 pairs, one vpdpbusd lane.
+    b_offset > 0: b's bytes are stored as value + b_offset (schedule.Pack's offset) and are
+    multiplied as stored, unsigned (vpdpbusd's unsigned side); the sum is then the stored bytes'
+    dot product, and whoever made this Dot subtracts b_offset * (the sum of a's values)."""
     acc: Node
     a: Node  # Load of the first element
     b: Node
     width: int = 4
+    b_offset: int = 0
     CHILDREN: ClassVar = ("acc", "a", "b")
+
+
+@dataclass(frozen=True)
+class ByteSum(Node):
+    """The int32 sum of `count` consecutive int8 values starting at a's element (a Load)."""
+    a: Node
+    count: int
+    CHILDREN: ClassVar = ("a",)
 
 
 @dataclass(frozen=True)
@@ -281,7 +293,10 @@ def format_expr(e) -> str:
     if isinstance(e, Acc):
         return e.name
     if isinstance(e, Dot):
-        return f"dot{e.width}({format_expr(e.acc)}, {format_expr(e.a)}, {format_expr(e.b)})"
+        unsigned = f", unsigned {e.b.param} - {e.b_offset}" if e.b_offset else ""
+        return f"dot{e.width}({format_expr(e.acc)}, {format_expr(e.a)}, {format_expr(e.b)}{unsigned})"
+    if isinstance(e, ByteSum):
+        return f"sum{e.count}({format_expr(e.a)})"
     raise TypeError(f"not a loop-IR expression: {e!r}")
 
 

@@ -66,19 +66,27 @@ class Pack:
     [rows / block, row / group, block, group]: element (n, k) at
     ((n / block) * (row / group) + k / group) * block * group + (n % block) * group + k % group,
     so `block` consecutive rows are contiguous at each k (one vector load across output columns);
-    with group 4, each row's 4 consecutive k are adjacent (one 32-bit lane of a dot product)."""
+    with group 4, each row's 4 consecutive k are adjacent (one 32-bit lane of a dot product).
+    offset > 0 (int8 only): each value v is stored as the unsigned byte v + offset, so a dot
+    product takes the weights as vpdpbusd's unsigned side (schedule/unsigned.py)."""
     param: str
     row: int
     block: int
     group: int = 1
+    offset: int = 0
 
     @property
     def layout(self) -> tuple:
-        """(row, block) or (row, block, group): what the weights file is written in."""
+        """(row, block), (row, block, group) or (row, block, group, offset): what the weights file
+        is written in (schedule.pack.pack_array's arguments)."""
+        if self.offset:
+            return (self.row, self.block, self.group, self.offset)
         return (self.row, self.block) if self.group == 1 else (self.row, self.block, self.group)
 
     def __str__(self) -> str:
-        return f"Pack({self.param}, {self.row}, {self.block}" + (f", {self.group})" if self.group > 1 else ")")
+        extra = f", {self.group}" if self.group > 1 or self.offset else ""
+        extra += f", offset={self.offset}" if self.offset else ""
+        return f"Pack({self.param}, {self.row}, {self.block}{extra})"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from ..ir.expr import Expr
 from ..loopir.ir import Bin, IConst, Kernel, Lane, Load, Poly, Store, Var
 from ..loopir.traverse import find_loop, loops, rewrite, rewrite_in_loops, statements
 from .directives import Pack, ScheduleError
+from .unsigned import unsigned_reads
 
 PACKABLE_DTYPES = ("f32", "i8", "f16")
 
@@ -99,6 +100,11 @@ def pack(k: Kernel, d: Pack) -> tuple:
         return Load(n.param, packed_index(k, d, n.index, lanes))
 
     body = rewrite_in_loops(k.body, packed_load)
+    if d.offset:
+        if param.dtype != "i8" or param.access != "read":
+            raise ScheduleError(f"{k.name}: Pack({d.param}) with an offset stores int8 weights; {d.param} is a "
+                                f"{param.dtype} {param.access} buffer")
+        body = unsigned_reads(k, d.param, d.offset, body)
     if param.access == "read":
         return body
     vector_loops = [lp for lp in loops(body) if lp.lanes]
@@ -116,14 +122,22 @@ def pack(k: Kernel, d: Pack) -> tuple:
 
 # the weights file -------------------------------------------------------------------------------
 
-def pack_array(array: np.ndarray, row: int, block: int, group: int = 1) -> np.ndarray:
-    """A row-major weight in the blocked layout Pack(row, block, group) reads:
-    [rows / block, row / group, block, group]."""
+def pack_array(array: np.ndarray, row: int, block: int, group: int = 1, offset: int = 0) -> np.ndarray:
+    """A row-major weight in the blocked layout Pack(row, block, group, offset) reads:
+    [rows / block, row / group, block, group]; with an offset, int8 values v as uint8 v + offset."""
     flat = np.ascontiguousarray(array).reshape(-1, row)
     if flat.shape[0] % block or row % group:
         raise ValueError(f"{flat.shape[0]} rows of {row} do not divide into blocks of {block} and groups of {group}")
-    blocked = flat.reshape(-1, block, row // group, group).transpose(0, 2, 1, 3)
-    return np.ascontiguousarray(blocked).reshape(array.shape)
+    blocked = np.ascontiguousarray(flat.reshape(-1, block, row // group, group).transpose(0, 2, 1, 3))
+    if offset:
+        if blocked.dtype != np.int8:
+            raise ValueError(f"an offset of {offset} applies to int8 weights, not {blocked.dtype}")
+        shifted = blocked.astype(np.int16) + offset
+        if shifted.min(initial=0) < 0 or shifted.max(initial=0) > 255:
+            raise ValueError(f"int8 values in [{int(blocked.min())}, {int(blocked.max())}] plus {offset} leave "
+                             f"an unsigned byte")
+        blocked = shifted.astype(np.uint8)
+    return blocked.reshape(array.shape)
 
 
 PACKABLE_KINDS = ("weight", "state")  # buffer kinds that may be stored in blocks
@@ -152,6 +166,7 @@ def weight_layouts(kernels: dict, calls, buffers: dict, strict: bool = True) -> 
 def _describe(layout) -> str:
     if layout is None:
         return "row-major"
-    row, block, group = (*layout, 1)[:3]
-    return f"blocks of {block} rows of {row}" + (f" in groups of {group}" if group > 1 else "")
+    row, block, group, offset = tuple(layout) + (1, 0)[len(layout) - 2:]
+    return f"blocks of {block} rows of {row}" + (f" in groups of {group}" if group > 1 else "") + \
+        (f" stored + {offset} unsigned" if offset else "")
 

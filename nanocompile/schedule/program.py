@@ -36,7 +36,7 @@ def kernel_digest(k: Kernel) -> str:
     return hashlib.sha256(format_kernel(lowered).encode()).hexdigest()[:20]
 
 
-def _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, unpackable) -> dict:
+def _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, unpackable, dot_offset) -> dict:
     """Each kernel's measured schedule where one applies, else its recipe; state parameters bound
     to an unpackable buffer in some call are not offered to the recipes for blocks."""
     bound: dict[str, set] = {}
@@ -53,22 +53,23 @@ def _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, un
             schedules[name] = tuple(measured)
         else:
             schedules[name] = tuple(choose(k) if choose else
-                                    default_schedule(k, lanes, weights.get(name, ()), blocked))
+                                    default_schedule(k, lanes, weights.get(name, ()), blocked, dot_offset))
     return schedules
 
 
 def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=None,
-                     tuned: dict | None = None) -> dict[str, tuple[int, int]]:
+                     tuned: dict | None = None, dot_offset: int = 0) -> dict[str, tuple[int, int]]:
     """Schedules every kernel in place; returns buffer -> (row, block) for the packed weights.
     choose(kernel) -> directives replaces the recipes (tests use it to try other schedules);
     tuned maps kernel_digest() to a schedule measured on this machine (nanocompile/tune), used
-    where it applies instead of the recipe."""
+    where it applies instead of the recipe; dot_offset: the recipes' int8 weight offset
+    (target.dot_weight_offset)."""
     programs = list(programs)
     weights = weight_params(kernels, programs)
     state = weight_params(kernels, programs, "state")
     unpackable: set[str] = set()  # state buffers a kernel cannot read in blocks: they stay position-major
     while True:
-        schedules = _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, unpackable)
+        schedules = _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, unpackable, dot_offset)
 
         def layouts(strict):
             tagged = {name: dataclasses.replace(k, schedule=tuple(schedules[name])) for name, k in kernels.items()}

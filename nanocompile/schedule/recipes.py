@@ -56,11 +56,12 @@ KNOBS = {
 }
 
 
-def default_schedule(k: Kernel, lanes: int = 0, weights=frozenset(), state=frozenset()) -> tuple:
+def default_schedule(k: Kernel, lanes: int = 0, weights=frozenset(), state=frozenset(), dot_offset: int = 0) -> tuple:
     """The first legal candidate of the kernel's recipes. lanes: 16 (AVX-512), 8 (AVX2) or 0
     (no vector code); weights: the parameters bound to weights, which may be packed; state: those
-    bound to state buffers, which may be packed in blocks of positions."""
-    return first_legal(k, _candidates(k, lanes, frozenset(weights), frozenset(state)))
+    bound to state buffers, which may be packed in blocks of positions; dot_offset: what int8
+    weights read by dot products are stored plus, unsigned (target.dot_weight_offset)."""
+    return first_legal(k, _candidates(k, lanes, frozenset(weights), frozenset(state), dot_offset))
 
 
 def _column_loop(k: Kernel):
@@ -92,10 +93,10 @@ def _block_column_loop(k: Kernel):
     return None
 
 
-def _candidates(k: Kernel, lanes: int, weights: frozenset, state: frozenset = frozenset()):
+def _candidates(k: Kernel, lanes: int, weights: frozenset, state: frozenset = frozenset(), dot_offset: int = 0):
     block = _block_column_loop(k)
     if block and lanes:
-        yield from _block_projection(k, *block, lanes, weights)
+        yield from _block_projection(k, *block, lanes, weights, dot_offset)
     found = _column_loop(k)
     if found:
         col, row, reduction = found
@@ -139,12 +140,14 @@ def projection(col: Loop, row, reduction: Loop, lanes: int, packed: list, column
     return [Vectorize(col.var, lanes)] + unroll + tile + [Parallel(col.var)]
 
 
-def _block_projection(k: Kernel, col: Loop, row, blocks: Loop, products: Loop, lanes: int, weights: frozenset):
+def _block_projection(k: Kernel, col: Loop, row, blocks: Loop, products: Loop, lanes: int, weights: frozenset,
+                      dot_offset: int = 0):
     """An int8 projection: columns in vector lanes, each block's products as dot products of 4
-    (DotProduct), the int8 weight packed so a lane's 4 values are adjacent and the float16
-    scales so the lanes' are, several column vectors and (prefill) a tile of rows sharing each
-    activation group. Each lane keeps an int32 sum and a float32 sum: 2 registers per column
-    vector and row (TILES_INT8's budget)."""
+    (DotProduct), the int8 weight packed so a lane's 4 values are adjacent (stored plus
+    dot_offset, unsigned, where the target takes them so) and the float16 scales so the lanes'
+    are, several column vectors and (prefill) a tile of rows sharing each activation group. Each
+    lane keeps an int32 sum and a float32 sum: 2 registers per column vector and row
+    (TILES_INT8's budget)."""
     dtypes = {p.name: p.dtype for p in k.params}
     quants = sorted({ld.param for ld in loads(products.body) if ld.param in weights and dtypes[ld.param] == "i8"})
     scales = sorted({ld.param for ld in loads(blocks.body) if ld.param in weights and dtypes[ld.param] == "f16"
@@ -157,7 +160,7 @@ def _block_projection(k: Kernel, col: Loop, row, blocks: Loop, products: Loop, l
     for columns in (4, 2, 1):
         if 2 * columns * accumulators * rows > budget and columns > 1:
             continue
-        packs = [Pack(p, n_blocks * block, lanes * columns, 4) for p in quants] + \
+        packs = [Pack(p, n_blocks * block, lanes * columns, 4, dot_offset) for p in quants] + \
             [Pack(p, n_blocks, lanes * columns) for p in scales]
         head = [Vectorize(col.var, lanes), DotProduct(products.var, 4)] + \
             ([UnrollJam(col.var, columns)] if columns > 1 else []) + packs
@@ -229,6 +232,7 @@ def _basic(k: Kernel) -> tuple:
         var = max(const)[1]
     else:
         return ()
+    var = _sharing_all_work(k, var, symbolic)
     for factor in (8, 4, 2):
         try:
             check_unroll_jam(k, UnrollJam(var, factor))
@@ -237,6 +241,20 @@ def _basic(k: Kernel) -> tuple:
             continue
     return (Parallel(var),)
 
+
+
+def _sharing_all_work(k: Kernel, var: str, symbolic: list[str]) -> str:
+    """var, or a symbolic loop around it (a row loop) whose body also reduces outside var's loop
+    (RMSNorm's sum of squares around its blocks): sharing var's iterations would leave that
+    reduction to every thread, each computing all of it; sharing the rows divides it."""
+    loop, outer = find_loop(k.body, var)
+    for o in outer:
+        if o.var not in symbolic:
+            continue
+        beside = [s for s in o.body if not any(lp is loop for lp in loops((s,)))]
+        if any((isinstance(s, Loop) and not s.is_output) or isinstance(s, AccInit) for s in beside):
+            return o.var
+    return var
 
 
 # the tuner's search space -------------------------------------------------------------------------

@@ -22,8 +22,17 @@ def parse_directive(text: str):
     cls = getattr(directives, m.group(1), None) if m else None
     if cls is None or not hasattr(cls, "__dataclass_fields__"):
         raise ValueError(f"not a schedule directive: {text!r}")
-    args = [a.strip() for a in m.group(2).split(",")]
-    return cls(*(int(a) if a.lstrip("-").isdigit() else a for a in args))
+    def value(a: str):
+        return int(a) if a.lstrip("-").isdigit() else a
+
+    args, keywords = [], {}
+    for a in (a.strip() for a in m.group(2).split(",")):
+        name, eq, v = a.partition("=")  # Pack(p2, 896, 64, 4, offset=128)
+        if eq:
+            keywords[name.strip()] = value(v.strip())
+        else:
+            args.append(value(a))
+    return cls(*args, **keywords)
 
 
 def schedule_text(schedule) -> list[str]:

@@ -24,7 +24,7 @@ from ..loopir.ir import Buffer, Kernel
 from ..schedule.apply import apply
 from ..schedule.program import kernel_digest, weight_params
 from ..schedule.recipes import default_schedule, kernel_class, search_space
-from ..target import cpu_model, vector_lanes
+from ..target import cpu_model, dot_weight_offset, vector_lanes
 from . import store
 from .harness import KernelHarness, Shape
 from .search import ALPHA, PAIRS, Result, Trial, search, sign_test
@@ -77,7 +77,7 @@ def model_jobs(cfg: Qwen2Config, march: str | None = None) -> tuple[list[Job], s
         w, st = weights.get(name, frozenset()), state.get(name, frozenset())
         space = search_space(k, lanes, w, st)
         schedules, knobs = [s for _, s in space], [kn for kn, _ in space]
-        recipe = tuple(default_schedule(k, lanes, w, st))
+        recipe = tuple(default_schedule(k, lanes, w, st, dot_weight_offset(options.march)))
         if recipe not in schedules:
             schedules.insert(0, recipe)
             knobs.insert(0, {"recipe": True})
