@@ -64,6 +64,14 @@ static inline nc_f32x8 nc_load_f16_8(const _Float16 *p)
 {
     return (nc_f32x8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
+/* nc_store_i8_L(p, v): each lane converted to int8 as C converts a float (truncation; the values
+ * stored are quantized, integral and within [-127, 127], where saturating packs change nothing) */
+static inline void nc_store_i8_8(int8_t *p, nc_f32x8 v)
+{
+    __m256i i = _mm256_cvttps_epi32((__m256)v);
+    __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    _mm_storel_epi64((__m128i *)p, _mm_packs_epi16(w, w));
+}
 #endif
 #if defined(__AVX512F__)
 NC_VECTOR_WIDTH(16)
@@ -71,6 +79,10 @@ NC_INT_TYPES(16)
 static inline nc_f32x16 nc_load_f16_16(const _Float16 *p)
 {
     return (nc_f32x16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+static inline void nc_store_i8_16(int8_t *p, nc_f32x16 v)
+{
+    _mm_storeu_si128((__m128i *)p, _mm512_cvtepi32_epi8(_mm512_cvttps_epi32((__m512)v)));
 }
 #endif
 

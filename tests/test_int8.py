@@ -123,6 +123,20 @@ def test_vector_dot_kernels_are_bitwise_at_every_target(march, monkeypatch):
             check_bitwise(lib, g, w, np.random.default_rng(5), threads=(1, 2))
 
 
+@pytest.mark.parametrize("march", TARGETS)
+def test_quantized_activations_are_stored_from_vector_lanes(march, monkeypatch):
+    """Whole blocks (no padding select): the quants are converted and stored 8 or 16 at a time
+    (vcvttps2dq, then vpmovdb or two saturating packs), bitwise as the scalar conversion."""
+    require_target(march)
+    monkeypatch.setenv("NANOCOMPILE_MARCH", march)
+    lanes = vector_lanes(march)
+    g = projection_graph(64, 32)
+    lib = GraphLibrary(g, fuse=True, schedule="default")
+    if lanes:
+        assert f"nc_store_i8_{lanes}(" in lib.source
+    check_bitwise(lib, g, weights(64, 32, seed=8), np.random.default_rng(9))
+
+
 def test_unsigned_weights_read_outside_dot_products_are_corrected():
     """A weight stored + 128 and read by scalar code (no dot products: the plain products, as a
     gather would read it) subtracts the offset at each read: bitwise as before."""

@@ -8,7 +8,7 @@ import numpy as np
 from ..ir.expr import Expr
 from ..loopir.affine import build, linear
 from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, ByteSum, Cast, Dot, FConst, Fma, IConst, Lane, Load, Loop,
-                         Poly, Select, Store, Un, Var)
+                         Poly, Select, Store, Un, Var, dtype_of)
 from ..loopir.traverse import statements as all_statements
 from ..loopir.traverse import fold, walk
 
@@ -137,28 +137,6 @@ def statements(body, dtypes: dict | None = None, vector=None) -> list[dict]:
     return out
 
 
-def dtype_of(e, dtypes: dict) -> str:
-    """An expression's dtype: a parameter's or local's, a cast's; index arithmetic is i64."""
-    if isinstance(e, Load):
-        return dtypes[e.param]
-    if isinstance(e, Acc):
-        return dtypes[e.name]
-    if isinstance(e, Cast):
-        return e.dtype
-    if isinstance(e, FConst):
-        return "f32"
-    if isinstance(e, (Dot, ByteSum)):
-        return "i32"
-    if isinstance(e, Bin):
-        if e.op in ("<=", "<"):
-            return "bool"
-        a = dtype_of(e.a, dtypes)
-        return dtype_of(e.b, dtypes) if a == "i64" else a
-    if isinstance(e, (Un, Select)):
-        return dtype_of(e.a, dtypes)
-    return "i64"  # Var, Lane, IConst, Poly
-
-
 class VectorC:
     """C for the statements of a vector loop of `lanes` lanes (GCC vector extensions, runtime/
     nc_vector.h). A value is a vector if it reads a load that differs between lanes; the others
@@ -242,6 +220,8 @@ class VectorC:
 
     def statement(self, s) -> str:
         if isinstance(s, Store):
+            if self.dtypes[s.param] == "i8":  # Vectorize allows only i8(float32 value) here
+                return f"nc_store_i8_{self.lanes}({self.address(s.param, s.index)}, {self.splat(s.value.a)});"
             return f"nc_store{self.lanes}({self.address(s.param, s.index)}, {self.splat(s.value)});"
         if isinstance(s, AccInit):
             if s.name in self.vectors:

@@ -300,6 +300,28 @@ def format_expr(e) -> str:
     raise TypeError(f"not a loop-IR expression: {e!r}")
 
 
+def dtype_of(e, dtypes: dict) -> str:
+    """An expression's dtype: a parameter's or local's, a cast's; index arithmetic is i64."""
+    if isinstance(e, Load):
+        return dtypes[e.param]
+    if isinstance(e, Acc):
+        return dtypes[e.name]
+    if isinstance(e, Cast):
+        return e.dtype
+    if isinstance(e, (FConst, Fma)):
+        return "f32"
+    if isinstance(e, (Dot, ByteSum)):
+        return "i32"
+    if isinstance(e, Bin):
+        if e.op in ("<=", "<"):
+            return "bool"
+        a = dtype_of(e.a, dtypes)
+        return dtype_of(e.b, dtypes) if a == "i64" else a
+    if isinstance(e, (Un, Select)):
+        return dtype_of(e.a, dtypes)
+    return "i64"  # Var, Lane, IConst, Poly
+
+
 def loop_header(s: Loop) -> str:
     """How a loop runs, as the printer and the C comment show it: 'parallel vector(16) for'."""
     kind = ("parallel " if s.parallel else "") + (f"vector({s.lanes}) " if s.lanes else "")

@@ -7,7 +7,8 @@ has no exact vector form is refused rather than approximated:
   - integer arithmetic that differs between lanes (a lane-dependent comparison, cast or index
     that is not linear in the lane), including a select on a lane-dependent condition, whose
     lanes would evaluate both operands, one of them possibly out of bounds;
-  - a store whose lanes do not write consecutive elements, and stores that are not float32.
+  - a store whose lanes do not write consecutive elements, and stores that are not float32
+    (or int8 converted from a float32 value).
 Lanes hold float32 or int32: an int8 load is widened to int32 and a float16 load to float32 as
 it is read (both exact), and a Dot's lane reads a group of consecutive int8 values. Loads must
 be contiguous across lanes (stride 1; a Dot's groups: stride = its width) or the same for every
@@ -19,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..loopir.affine import build, linear
-from ..loopir.ir import AccUpdate, Bin, Cast, Dot, IConst, Kernel, Lane, Load, Loop, Select, Store, Var
+from ..loopir.ir import AccInit, AccUpdate, Bin, Cast, Dot, IConst, Kernel, Lane, Load, Loop, Select, Store, Var, dtype_of
 from ..loopir.traverse import (contains, declared, expressions, find_loop, loads, loops, replace, rewrite,
                                statements, substitute, walk)
 from .directives import ScheduleError, Vectorize
@@ -69,6 +70,13 @@ def _check_value(k: Kernel, e, dtypes: dict) -> None:
                                 f"vector form here")
 
 
+def _int8_of_float(s: Store, dtypes: dict) -> bool:
+    """An int8 store of a float32 value converted (the activations' quants): its lanes convert
+    as C converts each element, then store one byte each."""
+    v = s.value
+    return dtypes[s.param] == "i8" and isinstance(v, Cast) and v.dtype == "i8" and dtype_of(v.a, dtypes) == "f32"
+
+
 def vectorize(k: Kernel, d: Vectorize) -> tuple:
     found = find_loop(k.body, d.loop)
     if found is None:
@@ -94,6 +102,7 @@ def vectorize(k: Kernel, d: Vectorize) -> tuple:
     body = substitute(loop.body, {d.loop: Bin("+", Bin("*", Var(d.loop), IConst(d.lanes)), Lane())})
     body = rewrite(body, lambda n: _uniform_division(n, d.lanes))
     dtypes = {p.name: p.dtype for p in k.params}
+    dtypes.update({s.name: s.dtype for s in statements(k.body) if isinstance(s, AccInit)})
     for s in statements(body):
         for e in (s.value,) if isinstance(s, Store) else expressions(s):
             _check_value(k, e, dtypes)
@@ -102,9 +111,9 @@ def vectorize(k: Kernel, d: Vectorize) -> tuple:
             if stride != 1:
                 raise ScheduleError(f"{k.name}: the lanes of {d.loop!r} write {s.param} with stride {stride}, "
                                     f"not consecutive elements")
-            if dtypes[s.param] != "f32":
-                raise ScheduleError(f"{k.name}: {s.param} holds {dtypes[s.param]}, and only float32 lanes are "
-                                    f"vectorized")
+            if dtypes[s.param] != "f32" and not _int8_of_float(s, dtypes):
+                raise ScheduleError(f"{k.name}: {s.param} holds {dtypes[s.param]}, and only float32 lanes (and "
+                                    f"int8 converted from float32) are stored")
         for e in expressions(s):
             for ld in loads(e):
                 lane_stride(k, ld.param, ld.index)
