@@ -86,6 +86,8 @@ def plan_fusion(graph: Graph, state: frozenset[str] = frozenset()) -> FusionPlan
         uses = consumers[n.id]
         if n.op == "exp" and len(uses) > 1 and any(c.op in ("reduce_sum", "reduce_max") for c in uses):
             must.add(n.id)
+        if n.op in ("reduce_sum", "reduce_max") and len(uses) > 1:
+            must.add(n.id)  # a block's absolute maximum, read for its scale and for its quants: once
         if n.op in MATMULS:
             for a in n.args:
                 root, _ = _producer(graph, a)
