@@ -4,7 +4,9 @@ A value gets a buffer (it is a kernel's root) when it must: a graph output; a ma
 matmul reads its operands many times); what a state buffer appends (the root then stores
 straight into the state); a gather; sin and cos (tables, typically read many times); an exp that
 a reduction and another consumer both read (softmax's numerators: computed once, not once for the
-sum and again for the output). And
+sum and again for the output); a reduction that two consumers read (a block's absolute maximum,
+read for its scale and for its quants: computed inline, each would be a scalar pass over the
+row again). And
 a matmul's epilogue: the elementwise ops that follow a matmul at its own shape (bias, residual,
 SiLU, the SwiGLU product) join it, and the region they form has one root, its single exit.
 
