@@ -28,12 +28,15 @@ def unsigned_reads(k: Kernel, param: str, offset: int, body: tuple) -> tuple:
         raise ScheduleError(f"{k.name}: an offset of {offset} does not keep int8 values in an unsigned byte")
     body = tuple(_read(s, param, offset) for s in body)
     for s, around in statements_in_loops(body):
-        if any(lp.lanes for lp in around) and any(
-                isinstance(n, Cast) and n.dtype == "u8" and contains(n.a.index, Lane) for n in walk(s)
-                if isinstance(n, Cast) and isinstance(n.a, Load)):
+        if any(lp.lanes for lp in around) and any(_lanes_read_stored_bytes(n) for n in walk(s)):
             raise ScheduleError(f"{k.name}: {param} is read in vector lanes outside a dot product; stored with "
                                 f"an offset it has no vector form there")
     return _hoisted(body)
+
+
+def _lanes_read_stored_bytes(n) -> bool:
+    """n is a corrected read (u8 of a load, see _read) whose element differs between lanes."""
+    return isinstance(n, Cast) and n.dtype == "u8" and isinstance(n.a, Load) and contains(n.a.index, Lane)
 
 
 def _read(n, param: str, offset: int):
