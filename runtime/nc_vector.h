@@ -47,6 +47,11 @@
     typedef int32_t nc_i32x##L __attribute__((vector_size(4 * L)));                                 \
     static inline nc_i32x##L nc_splat_i32_##L(int32_t x) { return x + (nc_i32x##L){0}; }            \
     static inline nc_f32x##L nc_i32_to_f32_##L(nc_i32x##L v) { return __builtin_convertvector(v, nc_f32x##L); } \
+    /* each lane a if its mask is set (all ones), else b: a bit select, exact */                     \
+    static inline nc_f32x##L nc_select##L(nc_i32x##L m, nc_f32x##L a, nc_f32x##L b)                   \
+    {                                                                                               \
+        return (nc_f32x##L)(((nc_i32x##L)a & m) | ((nc_i32x##L)b & ~m));                            \
+    }                                                                                               \
     static inline nc_i32x##L nc_load_i8_##L(const int8_t *p)                                          \
     {                                                                                               \
         typedef int8_t bytes __attribute__((vector_size(L), aligned(1)));                           \
@@ -83,6 +88,37 @@ static inline nc_f32x16 nc_load_f16_16(const _Float16 *p)
 static inline void nc_store_i8_16(int8_t *p, nc_f32x16 v)
 {
     _mm_storeu_si128((__m128i *)p, _mm512_cvtepi32_epi8(_mm512_cvttps_epi32((__m512)v)));
+}
+#endif
+
+/* nc_lane_maxL(v): the lanes' maximum, halving (L -> L/2 -> ... -> 1), each step the lanes'
+ * nc_max_nan (b > a or b NaN: b). The value is the lanes' maximum whatever the order; which of
+ * +0 and -0, or which of several NaNs, is kept is what reduce_max leaves open (schedule/lanes.py). */
+#if defined(__AVX2__)
+static inline __m128 nc_max_nan_m128(__m128 a, __m128 b)
+{
+    __m128 take = _mm_or_ps(_mm_cmp_ps(b, a, _CMP_GT_OQ), _mm_cmp_ps(b, b, _CMP_UNORD_Q));
+    return _mm_blendv_ps(a, b, take);
+}
+static inline float nc_lane_max_m128(__m128 v)
+{
+    v = nc_max_nan_m128(v, _mm_movehl_ps(v, v));                      /* lanes 0,1 with 2,3 */
+    v = nc_max_nan_m128(v, _mm_shuffle_ps(v, v, _MM_SHUFFLE(1, 1, 1, 1))); /* lane 0 with 1 */
+    return _mm_cvtss_f32(v);
+}
+static inline float nc_lane_max8(nc_f32x8 v)
+{
+    __m256 w = (__m256)v;
+    return nc_lane_max_m128(nc_max_nan_m128(_mm256_castps256_ps128(w), _mm256_extractf128_ps(w, 1)));
+}
+#endif
+#if defined(__AVX512F__)
+static inline float nc_lane_max16(nc_f32x16 v)
+{
+    __m512 w = (__m512)v;
+    __m256 lo = _mm512_castps512_ps256(w), hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(w), 1));
+    __m256 take = _mm256_or_ps(_mm256_cmp_ps(hi, lo, _CMP_GT_OQ), _mm256_cmp_ps(hi, hi, _CMP_UNORD_Q));
+    return nc_lane_max8((nc_f32x8)_mm256_blendv_ps(lo, hi, take));
 }
 #endif
 

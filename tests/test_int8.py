@@ -18,7 +18,7 @@ from nanocompile.ir import SEQ
 from nanocompile.loopir.ir import format_kernel
 from nanocompile.library import CompiledSession
 from nanocompile.quantize import quantize_q8_0, split_q8_0
-from nanocompile.schedule import DotProduct, Pack, Parallel, ScheduleError, UnrollJam, Vectorize, apply
+from nanocompile.schedule import DotProduct, LaneReduce, Pack, Parallel, ScheduleError, UnrollJam, Vectorize, apply
 from nanocompile.schedule.pack import pack_array
 from nanocompile.session import InterpreterSession
 from nanocompile.target import dot_weight_offset, runnable_targets, vector_lanes
@@ -135,6 +135,41 @@ def test_quantized_activations_are_stored_from_vector_lanes(march, monkeypatch):
     if lanes:
         assert f"nc_store_i8_{lanes}(" in lib.source
     check_bitwise(lib, g, weights(64, 32, seed=8), np.random.default_rng(9))
+
+
+@pytest.mark.parametrize("march", TARGETS)
+def test_block_maxima_on_lanes(march, monkeypatch):
+    """Each block's absolute maximum as a lane reduction (LaneReduce): the scales bitwise, a NaN
+    in a block propagates to its scale (which NaN is not part of reduce_max's definition)."""
+    require_target(march)
+    monkeypatch.setenv("NANOCOMPILE_MARCH", march)
+    lanes = vector_lanes(march)
+    g = projection_graph(64, 32)
+    lib = GraphLibrary(g, fuse=True, schedule="default")
+    if lanes:
+        assert f"nc_lane_max{lanes}(" in lib.source
+    check_bitwise(lib, g, weights(64, 32, seed=10), np.random.default_rng(11))
+    x = activations(3, 64, np.random.default_rng(12))
+    x[1, 40] = np.nan
+    env = {"seq": 3, "past": 0}
+    want = interpreter.run(g, env, {"x": x}, weights(64, 32, seed=10))
+    got = lib.run(env, {"x": x}, weights(64, 32, seed=10), threads=2)
+    assert np.isnan(got["out2"][1, 1]) and np.isnan(want["out2"][1, 1])
+    finite = ~np.isnan(want["out2"])
+    assert np.array_equal(got["out2"][finite], want["out2"][finite])
+
+
+def test_lane_reduce_is_for_max_reductions_only():
+    g = projection_graph(64, 32)
+    kernels = graph_kernels(g)
+    amax = next(k for k in kernels.values() if "reduce_max" in k.name or k.op == "reduce_max")
+    text = format_kernel(apply(amax, (LaneReduce("r", 16),)))
+    assert "vector(16) reduce r in 0..2:" in text and "lane_max16(" in text
+    k = next(k for k in kernels.values() if k.op == "block_matmul")
+    with pytest.raises(ScheduleError, match="one max update"):
+        apply(k, (LaneReduce("j", 16),))  # a sum: its order is its value
+    with pytest.raises(ScheduleError, match="output loop"):
+        apply(amax, (LaneReduce("i0", 16),))
 
 
 def test_unsigned_weights_read_outside_dot_products_are_corrected():

@@ -7,8 +7,8 @@ import numpy as np
 
 from ..ir.expr import Expr
 from ..loopir.affine import build, linear
-from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, ByteSum, Cast, Dot, FConst, Fma, IConst, Lane, Load, Loop,
-                         Poly, Select, Store, Un, Var, dtype_of)
+from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, ByteSum, Cast, Dot, FConst, Fma, IConst, Lane, LaneMax, Load,
+                         Loop, Poly, Select, Store, Un, Var, dtype_of)
 from ..loopir.traverse import statements as all_statements
 from ..loopir.traverse import fold, walk
 
@@ -85,6 +85,8 @@ def c(e, top: bool = True) -> str:
         return wrap(" + ".join([c(e.acc, False)] + terms))
     if isinstance(e, ByteSum):
         return f"nc_sum_i8({address(e.a.param, e.a.index)}, {e.count})"
+    if isinstance(e, LaneMax):
+        return f"nc_lane_max{e.lanes}({e.a.name})"
     raise TypeError(f"not a loop-IR expression: {e!r}")
 
 
@@ -126,6 +128,8 @@ def statements(body, dtypes: dict | None = None, vector=None) -> list[dict]:
             out.append({"kind": "line", "text": vector.statement(s)})
         elif isinstance(s, Store):
             out.append({"kind": "line", "text": f"{s.param}[{c(s.index)}] = {c(s.value)};"})
+        elif isinstance(s, AccInit) and s.lanes:  # a lane reduction's partial results (f32)
+            out.append({"kind": "line", "text": f"nc_f32x{s.lanes} {s.name} = nc_splat{s.lanes}({c(s.value)});"})
         elif isinstance(s, AccInit):
             out.append({"kind": "line", "text": f"{C_TYPES[s.dtype]} {s.name} = {c(s.value)};"})
         elif isinstance(s, AccUpdate):
@@ -214,7 +218,9 @@ class VectorC:
             return operator(e, self.expr, lambda op: f"nc_{UNARY[op]}{self.lanes}", wrap)
         if isinstance(e, Fma):  # lane-uniform operands broadcast: each lane is the scalar fmaf
             return f"nc_fma{self.lanes}({self.splat(e.a)}, {self.splat(e.b)}, {self.splat(e.c)})"
-        if isinstance(e, Select):  # a condition the same in every lane (Vectorize refuses others)
+        if isinstance(e, Select) and self.is_vector(e.cond):  # lanes choose: a bit select on the lanes' mask
+            return f"nc_select{self.lanes}({self.expr(e.cond)}, {self.splat(e.a)}, {self.splat(e.b)})"
+        if isinstance(e, Select):  # a condition the same in every lane
             return wrap(f"{c(e.cond, False)} ? {self.splat(e.a)} : {self.splat(e.b)}")
         raise TypeError(f"no vector form for {e!r}")
 

@@ -151,6 +151,14 @@ class Dot(Node):
 
 
 @dataclass(frozen=True)
+class LaneMax(Node):
+    """The maximum of a vector local's lanes (a: its Acc), NaN propagating (nc_lane_max)."""
+    a: Node
+    lanes: int
+    CHILDREN: ClassVar = ("a",)
+
+
+@dataclass(frozen=True)
 class ByteSum(Node):
     """The int32 sum of `count` consecutive int8 values starting at a's element (a Load)."""
     a: Node
@@ -193,10 +201,13 @@ class Store(Node):
 
 @dataclass(frozen=True)
 class AccInit(Node):
-    """Declares a local and gives it its first value."""
+    """Declares a local and gives it its first value. lanes > 0: a vector local of that many
+    lanes, each holding value, declared outside the vector loop that updates it (a lane
+    reduction's partial results, schedule/lanes.py)."""
     name: str
     dtype: str
     value: Node
+    lanes: int = 0
     CHILDREN: ClassVar = ("value",)
 
 
@@ -297,6 +308,8 @@ def format_expr(e) -> str:
         return f"dot{e.width}({format_expr(e.acc)}, {format_expr(e.a)}, {format_expr(e.b)}{unsigned})"
     if isinstance(e, ByteSum):
         return f"sum{e.count}({format_expr(e.a)})"
+    if isinstance(e, LaneMax):
+        return f"lane_max{e.lanes}({format_expr(e.a)})"
     raise TypeError(f"not a loop-IR expression: {e!r}")
 
 
@@ -308,7 +321,7 @@ def dtype_of(e, dtypes: dict) -> str:
         return dtypes[e.name]
     if isinstance(e, Cast):
         return e.dtype
-    if isinstance(e, (FConst, Fma)):
+    if isinstance(e, (FConst, Fma, LaneMax)):
         return "f32"
     if isinstance(e, (Dot, ByteSum)):
         return "i32"
@@ -340,7 +353,8 @@ def format_stmts(body, indent: int = 0) -> list[str]:
         elif isinstance(s, Store):
             lines.append(f"{pad}{s.param}[{format_expr(s.index)}] = {format_expr(s.value)}")
         elif isinstance(s, AccInit):
-            lines.append(f"{pad}{s.name}: {s.dtype} = {format_expr(s.value)}")
+            lanes = f"x{s.lanes}" if s.lanes else ""
+            lines.append(f"{pad}{s.name}: {s.dtype}{lanes} = {format_expr(s.value)}")
         elif isinstance(s, AccUpdate):
             lines.append(f"{pad}{s.name} = {format_expr(s.value)}" if s.kind == "sum"
                          else f"{pad}{s.name} = max({s.name}, {format_expr(s.value)})")

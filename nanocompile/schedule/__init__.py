@@ -4,14 +4,17 @@ A schedule is data, a tuple of directives (directives.py) applied in order (appl
 printed above the kernel it produced. Each directive checks that it is legal where it is applied
 and raises ScheduleError otherwise. Bitwise by construction: every output element is still
 computed by one thread, by the same operations in the same order; only which thread, which lane
-of a vector and which other elements share its loop change. recipes.py chooses a schedule per
+of a vector and which other elements share its loop change (LaneReduce regroups a max, whose
+value no order changes). recipes.py chooses a schedule per
 kernel class; program.py schedules a whole program, agreeing on weight layouts.
 """
 from .apply import apply, first_legal, is_legal
-from .directives import DotProduct, Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam, Vectorize
+from .directives import (DotProduct, LaneReduce, Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam,
+                         Vectorize)
 from .loops import check_parallel
 from .program import schedule_program
 from .recipes import default_schedule
 
 __all__ = ["apply", "first_legal", "is_legal", "default_schedule", "schedule_program", "check_parallel",
-           "ScheduleError", "DotProduct", "Pack", "Parallel", "Reorder", "Split", "Unroll", "UnrollJam", "Vectorize"]
+           "ScheduleError", "DotProduct", "LaneReduce", "Pack", "Parallel", "Reorder", "Split", "Unroll", "UnrollJam",
+           "Vectorize"]

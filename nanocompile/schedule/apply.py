@@ -5,14 +5,16 @@ from __future__ import annotations
 import dataclasses
 
 from ..loopir.ir import Kernel
-from .directives import DotProduct, Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam, Vectorize
+from .directives import (DotProduct, LaneReduce, Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam,
+                         Vectorize)
 from .dot import dot_product
+from .lanes import lane_reduce
 from .loops import parallel, reorder, split, unroll, unroll_jam
 from .pack import pack
 from .vector import check_lanes, vectorize
 
 RULES = {Split: split, Reorder: reorder, Unroll: unroll, UnrollJam: unroll_jam, Vectorize: vectorize, Pack: pack,
-         Parallel: parallel, DotProduct: dot_product}
+         Parallel: parallel, DotProduct: dot_product, LaneReduce: lane_reduce}
 
 
 def apply(k: Kernel, schedule) -> Kernel:

@@ -102,6 +102,19 @@ class DotProduct:
 
 
 @dataclass(frozen=True)
+class LaneReduce:
+    """Run the max reduction loop `loop` on `lanes` lanes: lane l keeps the maximum of terms l,
+    l + lanes, ..., then the lanes' maximum joins the accumulator. max is exact in any
+    order; which of two values that compare equal (+0 and -0) or which NaN is kept may differ,
+    and the definition (docs/PRIMITIVES.md, reduce_max) leaves both open."""
+    loop: str
+    lanes: int
+
+    def __str__(self) -> str:
+        return f"LaneReduce({self.loop}, {self.lanes})"
+
+
+@dataclass(frozen=True)
 class Parallel:
     """Split the iterations of loop `loop` across the threads."""
     loop: str

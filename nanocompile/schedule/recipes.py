@@ -29,10 +29,11 @@ legal points for the tuner (nanocompile/tune), which measures them on the machin
 from __future__ import annotations
 
 from ..loopir.affine import linear
-from ..loopir.ir import AccInit, IConst, Kernel, Loop, Var
+from ..loopir.ir import AccInit, AccUpdate, IConst, Kernel, Loop, Var
 from ..loopir.traverse import find_loop, loads, loops
-from .apply import first_legal, is_legal
-from .directives import DotProduct, Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam, Vectorize
+from .apply import apply, first_legal, is_legal
+from .directives import (DotProduct, LaneReduce, Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam,
+                         Vectorize)
 from .loops import check_parallel, check_unroll_jam
 
 # a projection's register tile by lanes: (rows sharing each vector of weights, vector
@@ -111,10 +112,24 @@ def _candidates(k: Kernel, lanes: int, weights: frozenset, state: frozenset = fr
                 yield symbolic_columns(col, row, SCORE_VECTORS * lanes, lanes, keys)
             yield symbolic_columns(col, row, 8)
     if lanes:
+        yield from _lane_reductions(k, lanes)
         for lp in loops(k.body):
             if lp.is_output and not any(isinstance(s, Loop) for s in lp.body):
                 yield [Vectorize(lp.var, lanes)] + list(_basic(k))
     yield list(_basic(k))
+
+
+def _lane_reductions(k: Kernel, lanes: int):
+    """Max reductions on lanes (a block's absolute maximum), then what the kernel would get."""
+    head = [LaneReduce(lp.var, lanes) for lp in loops(k.body) if not lp.is_output and len(lp.body) == 1
+            and isinstance(lp.body[0], AccUpdate) and lp.body[0].kind == "max"]
+    if not head or not is_legal(k, head):
+        return
+    after = apply(k, head)
+    for lp in loops(after.body):
+        if lp.is_output and not lp.lanes and not any(isinstance(s, Loop) for s in lp.body):
+            yield head + [Vectorize(lp.var, lanes)] + list(_basic(after))
+    yield head + list(_basic(after))
 
 
 def _projection(k: Kernel, col: Loop, row, reduction: Loop, lanes: int, packed: list):
