@@ -77,14 +77,18 @@ def print_profile(prof: dict, top: int) -> None:
 
 
 def main() -> None:
-    import sys
+    import argparse
 
     from bench.common import append
+    from nanocompile.choices import PRECISIONS
     from nanocompile.library import CompiledSession
     from nanocompile.models import load_model
 
-    precision = sys.argv[1] if len(sys.argv) > 1 else "int8"
-    n = int(sys.argv[2]) if len(sys.argv) > 2 else 512
+    ap = argparse.ArgumentParser(description="per-kernel times of a prompt and a decode step")
+    ap.add_argument("precision", nargs="?", default="int8", choices=PRECISIONS)
+    ap.add_argument("prompt", nargs="?", type=int, default=512, help="prompt tokens")
+    args = ap.parse_args()
+    precision, n = args.precision, args.prompt
     model = load_model("default", progress=False)
     s = CompiledSession(model.config, model.weights, n_ctx=n + 8, threads=THREADS, weights_key=model.key,
                         precision=precision)

@@ -124,36 +124,25 @@ def test_vector_dot_kernels_are_bitwise_at_every_target(march, monkeypatch):
 
 
 @pytest.mark.parametrize("march", TARGETS)
-def test_quantized_activations_are_stored_from_vector_lanes(march, monkeypatch):
-    """Whole blocks (no padding select): the quants are converted and stored 8 or 16 at a time
-    (vcvttps2dq, then vpmovdb or two saturating packs), bitwise as the scalar conversion."""
+def test_quantization_kernels_on_vector_lanes(march, monkeypatch):
+    """Whole blocks (no padding select): each block's absolute maximum is a lane reduction
+    (LaneReduce), and the quants are converted and stored 8 or 16 at a time (vcvttps2dq, then
+    vpmovdb or two saturating packs); bitwise as the scalar code, and a NaN in a block propagates
+    to its scale (which NaN is not part of reduce_max's definition)."""
     require_target(march)
     monkeypatch.setenv("NANOCOMPILE_MARCH", march)
     lanes = vector_lanes(march)
     g = projection_graph(64, 32)
     lib = GraphLibrary(g, fuse=True, schedule="default")
     if lanes:
-        assert f"nc_store_i8_{lanes}(" in lib.source
-    check_bitwise(lib, g, weights(64, 32, seed=8), np.random.default_rng(9))
-
-
-@pytest.mark.parametrize("march", TARGETS)
-def test_block_maxima_on_lanes(march, monkeypatch):
-    """Each block's absolute maximum as a lane reduction (LaneReduce): the scales bitwise, a NaN
-    in a block propagates to its scale (which NaN is not part of reduce_max's definition)."""
-    require_target(march)
-    monkeypatch.setenv("NANOCOMPILE_MARCH", march)
-    lanes = vector_lanes(march)
-    g = projection_graph(64, 32)
-    lib = GraphLibrary(g, fuse=True, schedule="default")
-    if lanes:
-        assert f"nc_lane_max{lanes}(" in lib.source
-    check_bitwise(lib, g, weights(64, 32, seed=10), np.random.default_rng(11))
+        assert f"nc_store_i8_{lanes}(" in lib.source and f"nc_lane_max{lanes}(" in lib.source
+    w = weights(64, 32, seed=10)
+    check_bitwise(lib, g, w, np.random.default_rng(11))
     x = activations(3, 64, np.random.default_rng(12))
     x[1, 40] = np.nan
     env = {"seq": 3, "past": 0}
-    want = interpreter.run(g, env, {"x": x}, weights(64, 32, seed=10))
-    got = lib.run(env, {"x": x}, weights(64, 32, seed=10), threads=2)
+    want = interpreter.run(g, env, {"x": x}, w)
+    got = lib.run(env, {"x": x}, w, threads=2)
     assert np.isnan(got["out2"][1, 1]) and np.isnan(want["out2"][1, 1])
     finite = ~np.isnan(want["out2"])
     assert np.array_equal(got["out2"][finite], want["out2"][finite])

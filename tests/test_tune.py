@@ -104,6 +104,8 @@ def test_directives_round_trip_through_the_results_file(tmp_path):
     ('{"format": 99, "kernels": {}}', "not a nanocompile tuning file"),
     ('{"format": 1, "kernels": {"k": {"use": ["Explode(i0)"], "digest": "d"}}}', "damaged tuning results"),
     ('{"format": 1, "kernels": {"k": {"use": ["Split(i0, 6)"]}}}', "damaged tuning results"),
+    ('{"format": 1, "kernels": {"k": {"use": ["Pack(p2, 896, 64, 4, bogus=1)"], "digest": "d"}}}',
+     "damaged tuning results"),
 ])
 def test_damaged_results_file_is_ignored_with_a_note(tmp_path, capsys, text, said):
     """A damaged tuning file is never used: the recipes run (an empty table), and a note says why."""

@@ -123,9 +123,12 @@ def _lane_reductions(k: Kernel, lanes: int):
     """Max reductions on lanes (a block's absolute maximum), then what the kernel would get."""
     head = [LaneReduce(lp.var, lanes) for lp in loops(k.body) if not lp.is_output and len(lp.body) == 1
             and isinstance(lp.body[0], AccUpdate) and lp.body[0].kind == "max"]
-    if not head or not is_legal(k, head):
+    if not head:
         return
-    after = apply(k, head)
+    try:
+        after = apply(k, head)
+    except ScheduleError:
+        return
     for lp in loops(after.body):
         if lp.is_output and not lp.lanes and not any(isinstance(s, Loop) for s in lp.body):
             yield head + [Vectorize(lp.var, lanes)] + list(_basic(after))
