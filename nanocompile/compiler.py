@@ -41,6 +41,7 @@ from .schedule.program import kernel_digest, schedule_program
 from .signature import Signature, StepProgram, identifier
 from .target import detect_march, dot_weight_offset, has_fma, vector_lanes
 from .version import GENERATOR
+from .codegen.data import sources_digest
 
 DEFAULT_CHUNK = 64
 
@@ -183,7 +184,7 @@ class Module:
     @property
     def fingerprint(self) -> dict:
         o = self.options
-        return {"generator": GENERATOR, "config": self.signature.config, "precision": o.precision,
+        return {"generator": GENERATOR, "sources": sources_digest(), "config": self.signature.config, "precision": o.precision,
                 "max_chunk": o.max_chunk, "march": o.march, "isa": self.isa, "fused": o.fuse,
                 "scheduled": o.schedule, "fma": o.fma, "tuned": self.tuned_hash}
 

@@ -15,7 +15,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from .codegen.render import data_root, render_tree
+from .codegen.data import data_root
+from .codegen.render import render_tree
 from .compiler import DEFAULT_CHUNK, STAGES, Module, compile_model
 from .errors import NanocompileError
 from .frontend.config import Qwen2Config

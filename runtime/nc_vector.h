@@ -1,7 +1,7 @@
 /* Vector types and helpers for generated kernels: GCC vector extensions, 8 lanes (AVX2) and
  * 16 lanes (AVX-512). Every helper computes each lane exactly as the scalar code does: loads and
  * stores are unaligned, a broadcast copies its bits, and the functions without a vector form of
- * the same rounding (expf, sqrtf, ...) are applied lane by lane. */
+ * the same rounding (sqrtf, sinf, ...) are applied lane by lane; exp has its own (nc_expfL). */
 #ifndef NC_VECTOR_H
 #define NC_VECTOR_H
 
@@ -38,7 +38,7 @@
         return v;                                                  \
     }
 
-#define NC_VECTOR_WIDTH(L) NC_VECTOR_TYPES(L) NC_LANEWISE(L, expf) NC_LANEWISE(L, sqrtf) NC_LANEWISE(L, rintf) \
+#define NC_VECTOR_WIDTH(L) NC_VECTOR_TYPES(L) NC_LANEWISE(L, sqrtf) NC_LANEWISE(L, rintf) \
     NC_LANEWISE(L, sinf) NC_LANEWISE(L, cosf)
 
 /* Integer lanes (int32 accumulators of int8 dot products) and float16 loads, converted exactly:
@@ -60,11 +60,33 @@
         return __builtin_convertvector(b, nc_i32x##L);                                              \
     }
 
+/* nc_expfL(x): nc_expf (nc_runtime.h) on every lane, the same operations in the same order. */
+#define NC_EXP(L)                                                                                   \
+    static inline nc_f32x##L nc_expf##L(nc_f32x##L x)                                               \
+    {                                                                                               \
+        nc_f32x##L c = nc_select##L(x < -104.0f, nc_splat##L(-104.0f), x);                          \
+        c = nc_select##L(c > 89.0f, nc_splat##L(89.0f), c);                                         \
+        c = nc_select##L(c == c, c, nc_splat##L(0.0f));                                             \
+        nc_f32x##L n = (c * 1.44269502f + 12582912.0f) - 12582912.0f;                               \
+        nc_f32x##L r = c - n * 0.693359375f;                                                        \
+        r = r - n * -2.12194440e-4f;                                                                \
+        nc_f32x##L p = r * 1.9875691500e-4f + 1.3981999507e-3f;                                     \
+        p = p * r + 8.3334519073e-3f;                                                               \
+        p = p * r + 4.1665795894e-2f;                                                               \
+        p = p * r + 1.6666665459e-1f;                                                               \
+        p = p * r + 5.0000001201e-1f;                                                               \
+        p = p * (r * r) + r + 1.0f;                                                                 \
+        nc_i32x##L k = __builtin_convertvector(n, nc_i32x##L), k1 = k >> 1;                         \
+        nc_f32x##L y = p * (nc_f32x##L)((k1 + 127) << 23) * (nc_f32x##L)((k - k1 + 127) << 23);     \
+        return nc_select##L(x == x, y, x);                                                          \
+    }
+
 /* Only the widths the target has: a wider type would be split, and passing it by value
  * without the instructions changes the calling convention (GCC warns). */
 #if defined(__AVX2__)
 NC_VECTOR_WIDTH(8)
 NC_INT_TYPES(8)
+NC_EXP(8)
 static inline nc_f32x8 nc_load_f16_8(const _Float16 *p)
 {
     return (nc_f32x8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
@@ -81,6 +103,7 @@ static inline void nc_store_i8_8(int8_t *p, nc_f32x8 v)
 #if defined(__AVX512F__)
 NC_VECTOR_WIDTH(16)
 NC_INT_TYPES(16)
+NC_EXP(16)
 static inline nc_f32x16 nc_load_f16_16(const _Float16 *p)
 {
     return (nc_f32x16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));

@@ -70,7 +70,7 @@ def test_real_int8_library_is_bitwise_its_unscheduled_build(real_model, int8_wei
 @pytest.mark.parametrize("name", ["code", "english", "chat"])
 def test_real_int8_model_is_bitwise_the_int8_interpreter(real_model, int8_weights, int8_compiled, name):
     """The int8 interpreter adds its float32 parts (attention, norms) in the generated code's
-    order (fused multiply-adds in the matmuls where the target has them) and calls the C library's expf, sinf, cosf: the compiled int8 model gives the same
+    order (fused multiply-adds in the matmuls where the target has them), exp as nc_expf and the C library's sinf, cosf: the compiled int8 model gives the same
     logits bit for bit at every step, so the same greedy tokens. (In NumPy's order, activation
     quantization turns float32 rounding differences into other int8 values: on the code prompt
     the logits differed by up to 0.31 and a near tie flipped a token at step 14.)"""

@@ -13,6 +13,11 @@ cache's bytes in the checksum changed only through the FMA in the projections th
 The new value was recorded from this branch at 1, 2 and 3 threads and at the AVX-512 and AVX2
 levels (all six equal); the greedy tokens are unchanged, and still identical to transformers
 (tests/test_real_model.py).
+
+Updated at stop 20: exp is now nanocompile's own float32 definition (interpreter.nc_expf, so that
+vector lanes compute it without calling glibc's expf lane by lane); SiLU and softmax change in
+their last bits. Recorded at 1, 2 and 3 threads at the AVX-512 and AVX2 levels (all six equal);
+the greedy tokens are unchanged.
 """
 import hashlib
 
@@ -20,7 +25,7 @@ import numpy as np
 
 PROMPT = "def quicksort(arr):\n"
 STEPS = 6
-PINNED = "509462296eda7fe09ea416a7238dcea9fbe4fc9f10f8527ae94d3e4a5a1ab781"
+PINNED = "613fb38016a4f0e0fa37e2b7c379e68966631e86fb9c40ee545ab628de88925e"
 
 
 def logits_checksum(session, ids) -> tuple[str, list[int]]:

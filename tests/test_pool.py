@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nanocompile.codegen.render import data_root
+from nanocompile.codegen.data import data_root
 
 THREADS = (1, 2, 3, 8, 24)
 BUILDS = {  # name: (compiler flags, passes per thread count)

@@ -2,7 +2,7 @@
 
 Bitwise where the operation is exactly rounded and done in the same order (IEEE add, sub, mul,
 div, sqrt, compare, select, casts, max, every movement); within a stated bound where it is not:
-exp, sin and cos (glibc's float functions against NumPy's, 2 ulp) and sums (the C kernels add in
+exp, sin and cos (nc_expf and glibc's float functions against NumPy's, 2 ulp) and sums (the C kernels add in
 index order, NumPy pairwise or through BLAS: |error| <= n * eps * sum|terms|).
 """
 import numpy as np
@@ -76,7 +76,7 @@ def test_guard_regions_catch_a_write_outside_an_output():
 @pytest.mark.parametrize("name", sorted(EXACT) + sorted(BOUNDED))
 def test_every_primitive_is_bitwise_the_interpreters_compiled_order(name):
     """In the interpreter's order for the library's target (sums from 0.0 in index order, matmul
-    steps fused multiply-adds where the target has FMA, the C library's expf, sinf, cosf), every
+    steps fused multiply-adds where the target has FMA, nc_expf, the C library's sinf, cosf), every
     primitive, the bounded ones too, agrees with its C bit for bit."""
     g = make_graph(name, {**EXACT, **BOUNDED}[name])
     lib = GraphLibrary(g)

@@ -14,7 +14,14 @@ from ..loopir.traverse import fold, walk
 
 C_TYPES = {"f32": "float", "i32": "int32_t", "bool": "uint8_t", "i64": "int64_t", "i8": "int8_t", "u8": "uint8_t",
            "f16": "_Float16"}
-UNARY = {"sqrt": "sqrtf", "exp": "expf", "sin": "sinf", "cos": "cosf", "rint": "rintf"}
+# exp is the runtime's nc_expf, defined by the interpreter (interpreter.nc_expf); the others the C library's
+UNARY = {"sqrt": "sqrtf", "exp": "nc_expf", "sin": "sinf", "cos": "cosf", "rint": "rintf"}
+
+
+def vector_function(op: str, lanes: int) -> str:
+    """The vector helper (runtime/nc_vector.h) that applies op's function to every lane."""
+    name = UNARY[op]
+    return f"{name if name.startswith('nc_') else 'nc_' + name}{lanes}"
 
 
 def float_literal(value: float) -> str:
@@ -215,7 +222,7 @@ class VectorC:
         if isinstance(e, Acc):
             return e.name
         if isinstance(e, (Bin, Un)):
-            return operator(e, self.expr, lambda op: f"nc_{UNARY[op]}{self.lanes}", wrap)
+            return operator(e, self.expr, lambda op: vector_function(op, self.lanes), wrap)
         if isinstance(e, Fma):  # lane-uniform operands broadcast: each lane is the scalar fmaf
             return f"nc_fma{self.lanes}({self.splat(e.a)}, {self.splat(e.b)}, {self.splat(e.c)})"
         if isinstance(e, Select) and self.is_vector(e.cond):  # lanes choose: a bit select on the lanes' mask

@@ -24,7 +24,8 @@ from ..signature import StepProgram, identifier, plain_signature
 from ..version import GENERATOR
 from ..target import compiler_flags
 from .cexpr import C_TYPES
-from .render import const_data, data_root, environment, kernel_data
+from .data import data_root, sources_digest
+from .render import const_data, environment, kernel_data
 
 CFLAGS = ["-O2", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-std=c11", "-pthread", "-Wall",
           "-Wno-unused-variable", "-Wno-unused-function"]
@@ -63,14 +64,15 @@ def compile_source(source: str, march: str, directory: Path) -> Path:
     """C source with the runtime compiled into a shared library for an x86-64 level (or this
     CPU), kept in directory under the hash of both; returns its path."""
     flags = compiler_flags(march)
-    digest = hashlib.sha256(f"{flags}\n{source}".encode()).hexdigest()[:24]
+    runtime = data_root() / "runtime"
+    # the runtime's files are part of what is compiled: a changed helper must not reuse an old library
+    digest = hashlib.sha256(f"{flags}\n{sources_digest()}\n{source}".encode()).hexdigest()[:24]
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"graph_{digest}.so"
     if not path.exists():
         c_file = directory / f"graph_{digest}.c"
         c_file.write_text(source)
         tmp = path.with_suffix(f".tmp{os.getpid()}.so")
-        runtime = data_root() / "runtime"
         cc = os.environ.get("CC", "cc")
         r = subprocess.run([cc, *CFLAGS, *flags, f"-I{runtime}", str(c_file), str(runtime / "nc_runtime.c"),
                             str(runtime / "nc_pool.c"), "-o", str(tmp), "-lm"], capture_output=True, text=True)

@@ -17,18 +17,7 @@ from ..loopir.traverse import loops, walk
 from ..signature import identifier
 from ..target import compiler_flags
 from .cexpr import C_TYPES, float_literal, statements
-
-DATA_DIRS = ("templates", "runtime", "cmake")
-
-
-def data_root() -> Path:
-    """Where templates/, runtime/ and cmake/ are: inside the installed package, or the source tree."""
-    here = Path(__file__).resolve().parents[1]
-    for root in (here, here.parent):
-        if (root / "templates" / "model.c.j2").exists():
-            return root
-    raise FileNotFoundError(f"templates/model.c.j2 not found next to {here}")
-
+from .data import DATA_DIRS, data_root
 
 def environment() -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(data_root() / "templates")),
