@@ -77,16 +77,24 @@ def test_a_search_replays_exactly_from_its_record():
 
 # the space and the results file ------------------------------------------------------------------
 
-def test_every_kernel_space_is_legal_and_holds_the_recipe():
-    jobs, _ = model_jobs(CFG, "x86-64-v3")
+@pytest.mark.parametrize("precision, march", [("f32", "x86-64-v3"), ("int8", "x86-64-v3"), ("int8", "x86-64-v4+vnni")])
+def test_every_kernel_space_is_legal_and_holds_the_recipe(precision, march):
+    jobs, _ = model_jobs(CFG, march, precision)
     classes = {j.klass for j in jobs}
     assert {"projection", "activation product", "symbolic columns", "row or elementwise"} <= classes
     for j in jobs:
         assert len(set(j.schedules)) == len(j.schedules) and all(is_legal(j.kernel, s) for s in j.schedules)
         assert j.schedules[j.recipe] == tuple(apply(j.kernel, j.schedules[j.recipe]).schedule)
         assert sorted(j.order) == [i for i in range(len(j.schedules)) if i != j.recipe]
-    projections = [j for j in jobs if j.klass == "projection"]
+    kind = "projection" if precision == "f32" else "int8 projection"
+    projections = [j for j in jobs if j.klass == kind]
     assert max(len(j.schedules) for j in projections) > 10  # columns x rows, where legal
+    if precision == "int8":  # every projection's weights int8, read by dot products; named apart from f32's
+        assert all(j.name.endswith(" (int8)") for j in jobs)
+        offset = 128 if march.endswith("+vnni") else 0
+        assert all(any(isinstance(d, D.DotProduct) for d in s) and
+                   all(d.offset == offset for d in s if isinstance(d, D.Pack) and d.group == 4)
+                   for j in projections for s in j.schedules)
 
 
 def test_directives_round_trip_through_the_results_file(tmp_path):
@@ -130,9 +138,10 @@ def _wrong(kernel, how):
 
 
 @pytest.mark.c
-def test_a_wrong_candidate_is_dropped_and_reported():
-    jobs, march = model_jobs(CFG)
-    job = next(j for j in jobs if j.klass == "projection")
+@pytest.mark.parametrize("precision, kind", [("f32", "projection"), ("int8", "int8 projection")])
+def test_a_wrong_candidate_is_dropped_and_reported(precision, kind):
+    jobs, march = model_jobs(CFG, precision=precision)
+    job = next(j for j in jobs if j.klass == kind)
     good = apply(job.kernel, job.schedules[job.order[0]])
     candidates = [apply(job.kernel, job.schedules[job.recipe]), good,
                   _wrong(job.kernel, "value"), _wrong(job.kernel, "index")]
@@ -149,15 +158,17 @@ def test_a_wrong_candidate_is_dropped_and_reported():
 # tuned schedules in a library --------------------------------------------------------------------
 
 @pytest.mark.c
-def test_a_tuned_library_differs_in_code_not_in_one_bit(tmp_path, monkeypatch):
+@pytest.mark.parametrize("precision, kind", [("f32", "projection"), ("int8", "int8 projection")])
+def test_a_tuned_library_differs_in_code_not_in_one_bit(tmp_path, monkeypatch, precision, kind):
     monkeypatch.setenv("NANOCOMPILE_CACHE", str(tmp_path))
-    jobs, march = model_jobs(CFG)
-    job = next(j for j in jobs if j.klass == "projection")
+    jobs, march = model_jobs(CFG, precision=precision)
+    job = max((j for j in jobs if j.klass == kind), key=lambda j: len(j.schedules))
+    name = job.name.removesuffix(f" ({precision})")  # the kernel's own name in the module
     other = job.schedules[job.order[-1]]  # the grid point farthest from the recipe
     table = ((kernel_digest(job.kernel), other),)
-    module = compile_model(CFG, tuned=table)
-    assert module.tuned_kernels == [job.name] and module.kernels[job.name].schedule == other
-    assert module.fingerprint_hash != compile_model(CFG).fingerprint_hash
+    module = compile_model(CFG, precision=precision, tuned=table)
+    assert module.tuned_kernels == [name] and module.kernels[name].schedule == other
+    assert module.fingerprint_hash != compile_model(CFG, precision=precision).fingerprint_hash
     path = store.store_path(march)
     store.save(path, {"format": store.FORMAT, "kernels": {job.name: {"digest": table[0][0],
                                                                      "use": store.schedule_text(other)}}})
@@ -166,8 +177,8 @@ def test_a_tuned_library_differs_in_code_not_in_one_bit(tmp_path, monkeypatch):
     ids = [5, 17, 42, 7, 99, 3]
     rows = {}
     for tuned in (True, False):
-        s = CompiledSession(CFG, weights, n_ctx=64, threads=2, tuned=tuned)
-        assert s.module.tuned_kernels == ([job.name] if tuned else [])
+        s = CompiledSession(CFG, weights, n_ctx=64, threads=2, tuned=tuned, precision=precision)
+        assert s.module.tuned_kernels == ([name] if tuned else [])
         out = [s.step(ids, all_logits=True)] + [s.step([int(np.argmax(s.step([9])))])]
         rows[tuned] = np.concatenate([o.ravel() for o in out])
         s.close()
@@ -209,6 +220,15 @@ def test_tune_command_records_replayable_searches(tiny):
     assert measured > 0
     info = subprocess.run([*NC, "info"], capture_output=True, text=True, env=env, timeout=120)
     assert "tuned schedules" in info.stdout and str(files[0]) in info.stdout
+    # int8's kernels join the same file under their own names; f32's results stay
+    r = subprocess.run([*NC, "tune", "-q", "-m", path, "--precision", "int8", "--budget", "20"], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    both = json.loads(files[0].read_text())["kernels"]
+    int8_jobs, _ = model_jobs(CFG, precision="int8")
+    assert set(both) == {j.name for j in jobs} | {j.name for j in int8_jobs}
+    assert all(both[j.name] == data["kernels"][j.name] for j in jobs)
+    assert "int8 projection" in r.stdout and all(len(both[j.name]["searches"]) == 2 for j in int8_jobs)
 
 
 @pytest.mark.c

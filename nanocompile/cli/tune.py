@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from ..choices import GRAPH_OF
 from .common import check_precision, positive_threads
 
 
@@ -31,7 +32,7 @@ def cmd_tune(args) -> int:
         print(f"nanocompile: error: --budget {args.budget}: give a positive number of seconds", file=sys.stderr)
         return 1
     model = load_model(args.model, progress=not args.quiet)
-    jobs, march = model_jobs(model.config, args.march)
+    jobs, march = model_jobs(model.config, args.march, GRAPH_OF[args.precision])  # native runs int8's kernels
     print(f"tuning {len(jobs)} kernels on this CPU ({march}, {args.threads} threads) for at most "
           f"{args.budget:.0f} s", file=sys.stderr)
     bar = None if args.quiet else tqdm(total=2 * len(jobs), desc="kernels searched (2 searches)", unit="kernel",
@@ -56,7 +57,7 @@ def cmd_tune(args) -> int:
 def add_parser(sub) -> None:
     p = sub.add_parser("tune", help="search the kernels' schedules on this CPU and keep the fastest")
     p.add_argument("-m", "--model", default="default", help="'default', a GGUF file or a Hugging Face directory")
-    p.add_argument("--precision", default="f32", help="f32 (int8 is a later phase)")
+    p.add_argument("--precision", default="f32", help="f32, int8 or native (int8's kernels)")
     p.add_argument("--budget", type=float, default=600, help="seconds the search may take in all (default 600)")
     p.add_argument("-t", "--threads", type=positive_threads, default=2, help="threads the kernels run on (default 2)")
     p.add_argument("--march", help="x86-64 level to tune for (default: this CPU's)")

@@ -51,6 +51,7 @@ SCORE_VECTORS = 4   # vectors of keys per block of stored keys (independent sums
 # columns per tile), and rows 0 keeps the rows outside the columns (no row tile)
 KNOBS = {
     "projection": {"columns": (1, 2, 4, 8), "rows": (0, 1, 2, 3, 4, 5, 6, 7, 8)},
+    "int8 projection": {"columns": (1, 2, 4), "rows": (0, 1, 2, 3, 4, 6, 8, 12)},
     "activation product": {"rows": (1, 2, 4, 8, 16)},
     "symbolic columns": {"split": (2, 4, 8, 16), "vectors": (1, 2, 4, 8)},  # vectors: of keys in state
     "row or elementwise": {"vector": (True, False), "unroll": (1, 2, 4, 8)},
@@ -160,32 +161,49 @@ def projection(col: Loop, row, reduction: Loop, lanes: int, packed: list, column
 
 def _block_projection(k: Kernel, col: Loop, row, blocks: Loop, products: Loop, lanes: int, weights: frozenset,
                       dot_offset: int = 0):
-    """An int8 projection: columns in vector lanes, each block's products as dot products of 4
-    (DotProduct), the int8 weight packed so a lane's 4 values are adjacent (stored plus
-    dot_offset, unsigned, where the target takes them so) and the float16 scales so the lanes'
-    are, several column vectors and (prefill) a tile of rows sharing each activation group. Each
-    lane keeps an int32 sum and a float32 sum: 2 registers per column vector and row
-    (TILES_INT8's budget)."""
-    dtypes = {p.name: p.dtype for p in k.params}
-    quants = sorted({ld.param for ld in loads(products.body) if ld.param in weights and dtypes[ld.param] == "i8"})
-    scales = sorted({ld.param for ld in loads(blocks.body) if ld.param in weights and dtypes[ld.param] == "f16"
-                     and ld.param not in quants})
-    if not quants or not isinstance(blocks.extent, IConst) or not isinstance(products.extent, IConst):
+    """An int8 projection (block_projection), with as many column vectors and (prefill) rows per
+    tile as TILES_INT8's register budget holds: each lane keeps an int32 sum and a float32 sum,
+    2 registers per column vector and row."""
+    operands = _block_operands(k, blocks, products, weights)
+    if not operands:
         return
-    n_blocks, block = blocks.extent.value, products.extent.value
     rows, budget = TILES_INT8[lanes]
     accumulators = sum(1 for s in col.body if isinstance(s, AccInit))
     for columns in (4, 2, 1):
         if 2 * columns * accumulators * rows > budget and columns > 1:
             continue
-        packs = [Pack(p, n_blocks * block, lanes * columns, 4, dot_offset) for p in quants] + \
-            [Pack(p, n_blocks, lanes * columns) for p in scales]
-        head = [Vectorize(col.var, lanes), DotProduct(products.var, 4)] + \
-            ([UnrollJam(col.var, columns)] if columns > 1 else []) + packs
         if row is not None and not isinstance(row.extent, IConst):
-            yield head + [Reorder(row.var, col.var), Split(row.var, rows), UnrollJam(row.var + "i", rows),
-                          Parallel(col.var)]
-        yield head + [Parallel(col.var)]
+            yield block_projection(col, row, blocks, products, lanes, *operands, dot_offset, columns, rows)
+        yield block_projection(col, row, blocks, products, lanes, *operands, dot_offset, columns, 0)
+
+
+def _block_operands(k: Kernel, blocks: Loop, products: Loop, weights: frozenset):
+    """(int8 weights, float16 scales) a block projection packs, or None if it is not one."""
+    dtypes = {p.name: p.dtype for p in k.params}
+    quants = sorted({ld.param for ld in loads(products.body) if ld.param in weights and dtypes[ld.param] == "i8"})
+    scales = sorted({ld.param for ld in loads(blocks.body) if ld.param in weights and dtypes[ld.param] == "f16"
+                     and ld.param not in quants})
+    if not quants or not isinstance(blocks.extent, IConst) or not isinstance(products.extent, IConst):
+        return None
+    return quants, scales
+
+
+def block_projection(col: Loop, row, blocks: Loop, products: Loop, lanes: int, quants: list, scales: list,
+                     dot_offset: int, columns: int, rows: int) -> list:
+    """An int8 projection: columns in vector lanes, each block's products as dot products of 4
+    (DotProduct), the int8 weights packed so a lane's 4 values are adjacent (stored plus
+    dot_offset, unsigned, where the target takes them so) and the float16 scales so the lanes'
+    are; `columns` vectors per tile and `rows` rows (0: the rows stay outside) sharing each
+    activation group; the column blocks across threads."""
+    n_blocks, block = blocks.extent.value, products.extent.value
+    packs = [Pack(p, n_blocks * block, lanes * columns, 4, dot_offset) for p in quants] + \
+        [Pack(p, n_blocks, lanes * columns) for p in scales]
+    head = [Vectorize(col.var, lanes), DotProduct(products.var, 4)] + \
+        ([UnrollJam(col.var, columns)] if columns > 1 else []) + packs
+    tile = []
+    if rows and row is not None and not isinstance(row.extent, IConst):
+        tile = [Reorder(row.var, col.var)] + ([Split(row.var, rows), UnrollJam(row.var + "i", rows)] if rows > 1 else [])
+    return head + tile + [Parallel(col.var)]
 
 
 def _activation_product(col: Loop, row: Loop, lanes: int):
@@ -278,8 +296,11 @@ def _sharing_all_work(k: Kernel, var: str, symbolic: list[str]) -> str:
 # the tuner's search space -------------------------------------------------------------------------
 
 def kernel_class(k: Kernel, lanes: int, weights=frozenset(), state=frozenset()) -> str:
-    """Which recipe a kernel gets: projection, activation product, symbolic columns, or row or
-    elementwise."""
+    """Which recipe a kernel gets: int8 projection, projection, activation product, symbolic
+    columns, or row or elementwise."""
+    block = _block_column_loop(k)
+    if lanes and block and _block_operands(k, block[2], block[3], frozenset(weights)):
+        return "int8 projection"
     found = _column_loop(k)
     if found:
         col, row, reduction = found
@@ -293,15 +314,23 @@ def kernel_class(k: Kernel, lanes: int, weights=frozenset(), state=frozenset()) 
     return "row or elementwise"
 
 
-def search_space(k: Kernel, lanes: int, weights=frozenset(), state=frozenset()) -> list[tuple[dict, tuple]]:
+def search_space(k: Kernel, lanes: int, weights=frozenset(), state=frozenset(),
+                 dot_offset: int = 0) -> list[tuple[dict, tuple]]:
     """(knobs, schedule) for every legal point of the kernel's class grid (KNOBS), each schedule
-    once; the recipe's own choice is among them when it is a grid point."""
+    once; the recipe's own choice is among them when it is a grid point. dot_offset: as for
+    default_schedule."""
     weights = frozenset(weights)
     cls = kernel_class(k, lanes, weights)
     grid = KNOBS[cls]
     points = []
     found = _column_loop(k)
-    if cls == "projection":
+    if cls == "int8 projection":
+        col, row, blocks, products = _block_column_loop(k)
+        operands = _block_operands(k, blocks, products, weights)
+        points = [({"columns": c, "rows": r},
+                   block_projection(col, row, blocks, products, lanes, *operands, dot_offset, c, r))
+                  for c in grid["columns"] for r in grid["rows"]]
+    elif cls == "projection":
         col, row, reduction = found
         packed = sorted({ld.param for ld in loads(reduction.body) if ld.param in weights})
         points = [({"columns": c, "rows": r}, projection(col, row, reduction, lanes, packed, c, r))

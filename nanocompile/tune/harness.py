@@ -21,7 +21,7 @@ from ..schedule.pack import pack_array
 
 GUARD = 64          # elements either side of a written buffer that must come back untouched
 SENTINEL = 0xA5     # their byte pattern
-NP = {"f32": np.float32, "i32": np.int32, "bool": np.uint8, "i64": np.int64}
+NP = {"f32": np.float32, "i32": np.int32, "bool": np.uint8, "i64": np.int64, "i8": np.int8, "f16": np.float16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,8 +32,9 @@ class Shape:
     past: int
 
 
-def _layouts(k: Kernel) -> dict[str, tuple[int, int]]:
-    return {d.param: (d.row, d.block) for d in k.schedule if isinstance(d, Pack)}
+def _layouts(k: Kernel) -> dict[str, tuple]:
+    """pack_array's arguments for each packed parameter (int8 weights: also group and offset)."""
+    return {d.param: d.layout for d in k.schedule if isinstance(d, Pack)}
 
 
 class KernelHarness:
@@ -62,8 +63,10 @@ class KernelHarness:
         self.data = []  # per parameter: the row-major contents every schedule starts from
         for p, b in zip(self.params, buffers):
             size = max(b.size.evaluate({"seq": s.seq, "past": s.past + s.seq}) for s in self.shapes)
-            if p.dtype == "f32":
-                self.data.append(rng.standard_normal(size).astype(np.float32))
+            if p.dtype in ("f32", "f16"):
+                self.data.append(rng.standard_normal(size).astype(NP[p.dtype]))
+            elif p.dtype == "i8":  # quantized values, weights' and activations': within [-127, 127]
+                self.data.append(rng.integers(-127, 128, size).astype(np.int8))
             else:  # small indices: valid rows of any table, positions within any shape
                 self.data.append(rng.integers(0, 4, size).astype(NP[p.dtype]))
         self._packed: dict[tuple, np.ndarray] = {}

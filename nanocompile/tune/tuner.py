@@ -61,11 +61,14 @@ class Job:
         return sorted((i for i in range(len(self.schedules)) if i != self.recipe), key=lambda i: (distance[i], i))
 
 
-def model_jobs(cfg: Qwen2Config, march: str | None = None) -> tuple[list[Job], str]:
-    """The model's distinct kernels with their search spaces, and the level they are built for."""
-    options, _ = resolve_options(Options(march=march, schedule=False))
-    c = run_pipeline(qwen2_program(cfg), options)
+def model_jobs(cfg: Qwen2Config, march: str | None = None, precision: str = "f32") -> tuple[list[Job], str]:
+    """The model's distinct kernels at a precision (its graph's: f32 or int8) with their search
+    spaces, and the level they are built for. An int8 kernel's name says so: the two precisions
+    have kernels of the same name that compute different things."""
+    options, _ = resolve_options(Options(march=march, schedule=False, precision=precision))
+    c = run_pipeline(qwen2_program(cfg, precision), options)
     lanes = vector_lanes(options.march)
+    offset = dot_weight_offset(options.march)
     weights = weight_params(c.kernels, c.programs.values())
     state = weight_params(c.kernels, c.programs.values(), "state")
     jobs = []
@@ -75,14 +78,14 @@ def model_jobs(cfg: Qwen2Config, march: str | None = None) -> tuple[list[Job], s
             continue
         prog, call = calls[0]
         w, st = weights.get(name, frozenset()), state.get(name, frozenset())
-        space = search_space(k, lanes, w, st)
+        space = search_space(k, lanes, w, st, offset)
         schedules, knobs = [s for _, s in space], [kn for kn, _ in space]
-        recipe = tuple(default_schedule(k, lanes, w, st, dot_weight_offset(options.march)))
+        recipe = tuple(default_schedule(k, lanes, w, st, offset))
         if recipe not in schedules:
             schedules.insert(0, recipe)
             knobs.insert(0, {"recipe": True})
         decode_calls = sum(1 for cl in c.programs["last"].calls if cl.kernel == name) if "last" in c.programs else 0
-        jobs.append(Job(name, k, kernel_class(k, lanes, w, st), [prog.buffers[b] for b in call.args], schedules, knobs,
+        jobs.append(Job(name if precision == "f32" else f"{name} ({precision})", k, kernel_class(k, lanes, w, st), [prog.buffers[b] for b in call.args], schedules, knobs,
                         schedules.index(recipe), decode_calls))
     return jobs, options.march
 
