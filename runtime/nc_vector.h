@@ -235,4 +235,27 @@ static inline nc_f32x16 nc_fma16(nc_f32x16 a, nc_f32x16 b, nc_f32x16 c)
 }
 #endif
 
+
+/* nc_dot4u5_16(acc, x, p): nc_dot4u_16 of 64 unsigned bytes within [0, 31] kept in 40 at p
+ * (schedule/narrow.py): 32 bytes of nibbles (byte j: byte j's low nibble, byte j + 32's high
+ * one), then a 64-bit mask of the fifth bits. Rebuilt exactly, then multiplied as stored. */
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+static inline nc_i32x16 nc_dot4u5_16(nc_i32x16 acc, const int8_t *x, const int8_t *p)
+{
+    __m256i nibbles = _mm256_loadu_si256((const __m256i *)p), low = _mm256_set1_epi8(15);
+    __m256i first = _mm256_and_si256(nibbles, low), second = _mm256_and_si256(_mm256_srli_epi16(nibbles, 4), low);
+    __mmask64 fifth;
+    memcpy(&fifth, p + 32, 8);
+    __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1);
+    u = _mm512_mask_add_epi8(u, fifth, u, _mm512_set1_epi8(16));
+#if defined(__AVX512VNNI__)
+    return (nc_i32x16)_mm512_dpbusd_epi32((__m512i)acc, u, _mm512_set1_epi32(nc_x4(x)));
+#else
+    int8_t bytes[64];
+    _mm512_storeu_si512(bytes, u);
+    return nc_dot4u_16(acc, x, bytes);
+#endif
+}
+#endif
+
 #endif

@@ -86,6 +86,8 @@ def c(e, top: bool = True) -> str:
     if isinstance(e, Acc):
         return e.name
     if isinstance(e, Dot):  # the scalar form: the width products in order
+        if e.b_bits != 8:
+            raise TypeError(f"{e.b.param} in {e.b_bits} bits is read by vector dot products only")
         b_type = "(int32_t)(uint8_t)" if e.b_offset else "(int32_t)"
         terms = [f"(int32_t){e.a.param}[{c(fold(Bin('+', e.a.index, IConst(t))))}] * "
                  f"{b_type}{e.b.param}[{c(fold(Bin('+', e.b.index, IConst(t))))}]" for t in range(e.width)]
@@ -97,10 +99,14 @@ def c(e, top: bool = True) -> str:
     raise TypeError(f"not a loop-IR expression: {e!r}")
 
 
-def address(param: str, index) -> str:
-    """The address of (lane 0's) element index of param."""
+def address(param: str, index, num: int = 1, den: int = 1) -> str:
+    """The address of (lane 0's) element index of param; of element index * num / den, where a
+    layout keeps den elements in num (every term divides exactly: the schedule checked)."""
     terms, const = linear(index)
     terms.pop(Lane(), None)
+    if (num, den) != (1, 1):
+        assert const * num % den == 0 and all(c * num % den == 0 for c in terms.values()), index
+        terms, const = {a: c * num // den for a, c in terms.items()}, const * num // den
     base = c(build(terms, const))
     if base == "0":
         return param
@@ -182,8 +188,8 @@ class VectorC:
     def vtype(self, dtype: str) -> str:
         return f"nc_{self.VECTOR_TYPES[dtype]}x{self.lanes}"
 
-    def address(self, param: str, index) -> str:
-        return address(param, index)
+    def address(self, param: str, index, num: int = 1, den: int = 1) -> str:
+        return address(param, index, num, den)
 
     def splat(self, e) -> str:
         if self.is_vector(e):
@@ -217,6 +223,9 @@ class VectorC:
             if e.b_offset and w is not e.b:
                 raise TypeError(f"the unsigned operand {e.b.param} of a dot product is the same in every lane")
             helper = "nc_dot4u" if e.b_offset else "nc_dot4"  # u: w's bytes multiplied unsigned
+            if e.b_bits == 5:  # 64 bytes kept in 40 (schedule/narrow.py): the 8-bit index times 5/8
+                return (f"nc_dot4u5_{self.lanes}({self.splat(e.acc)}, {self.address(x.param, x.index)}, "
+                        f"{self.address(w.param, w.index, 5, 8)})")
             return (f"{helper}_{self.lanes}({self.splat(e.acc)}, {self.address(x.param, x.index)}, "
                     f"{self.address(w.param, w.index)})")
         if isinstance(e, Acc):

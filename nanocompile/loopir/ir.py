@@ -141,12 +141,15 @@ class Dot(Node):
     element t after x's: a dot product of `width` consecutive int8 pairs, one vpdpbusd lane.
     b_offset > 0: b's bytes are stored as value + b_offset (schedule.Pack's offset) and are
     multiplied as stored, unsigned (vpdpbusd's unsigned side); the sum is then the stored bytes'
-    dot product, and whoever made this Dot subtracts b_offset * (the sum of a's values)."""
+    dot product, and whoever made this Dot subtracts b_offset * (the sum of a's values).
+    b_bits 5: b's stored bytes are in [0, 31], kept in 5 bits each (schedule.Pack's bits): the
+    index is still the byte's in the 8-bit layout; the load unpacks them (nc_dot4u5)."""
     acc: Node
     a: Node  # Load of the first element
     b: Node
     width: int = 4
     b_offset: int = 0
+    b_bits: int = 8
     CHILDREN: ClassVar = ("acc", "a", "b")
 
 
@@ -305,6 +308,7 @@ def format_expr(e) -> str:
         return e.name
     if isinstance(e, Dot):
         unsigned = f", unsigned {e.b.param} - {e.b_offset}" if e.b_offset else ""
+        unsigned += f" in {e.b_bits} bits" if e.b_bits != 8 else ""
         return f"dot{e.width}({format_expr(e.acc)}, {format_expr(e.a)}, {format_expr(e.b)}{unsigned})"
     if isinstance(e, ByteSum):
         return f"sum{e.count}({format_expr(e.a)})"

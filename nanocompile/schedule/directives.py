@@ -68,17 +68,23 @@ class Pack:
     so `block` consecutive rows are contiguous at each k (one vector load across output columns);
     with group 4, each row's 4 consecutive k are adjacent (one 32-bit lane of a dot product).
     offset > 0 (int8 only): each value v is stored as the unsigned byte v + offset, so a dot
-    product takes the weights as vpdpbusd's unsigned side (schedule/unsigned.py)."""
+    product takes the weights as vpdpbusd's unsigned side (schedule/unsigned.py).
+    bits 5 (with group 4 and an offset): the stored bytes are within [0, 31] (a GGUF's 5-bit
+    blocks) and each 64 of them take 40 bytes: 32 of low nibbles, then the fifth bits as one
+    64-bit mask (schedule/narrow.py); only dot products in 16 lanes read them."""
     param: str
     row: int
     block: int
     group: int = 1
     offset: int = 0
+    bits: int = 8
 
     @property
     def layout(self) -> tuple:
         """(row, block), (row, block, group) or (row, block, group, offset): what the weights file
         is written in (schedule.pack.pack_array's arguments)."""
+        if self.bits != 8:
+            return (self.row, self.block, self.group, self.offset, self.bits)
         if self.offset:
             return (self.row, self.block, self.group, self.offset)
         return (self.row, self.block) if self.group == 1 else (self.row, self.block, self.group)
@@ -86,6 +92,7 @@ class Pack:
     def __str__(self) -> str:
         extra = f", {self.group}" if self.group > 1 or self.offset else ""
         extra += f", offset={self.offset}" if self.offset else ""
+        extra += f", bits={self.bits}" if self.bits != 8 else ""
         return f"Pack({self.param}, {self.row}, {self.block}{extra})"
 
 

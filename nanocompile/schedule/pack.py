@@ -18,6 +18,7 @@ from ..ir.expr import Expr
 from ..loopir.ir import Bin, IConst, Kernel, Lane, Load, Poly, Store, Var
 from ..loopir.traverse import find_loop, loops, rewrite, rewrite_in_loops, statements
 from .directives import Pack, ScheduleError
+from .narrow import UNIT, narrow_bytes, narrow_reads
 from .unsigned import unsigned_reads
 
 PACKABLE_DTYPES = ("f32", "i8", "f16")
@@ -105,6 +106,11 @@ def pack(k: Kernel, d: Pack) -> tuple:
             raise ScheduleError(f"{k.name}: Pack({d.param}) with an offset stores int8 weights; {d.param} is a "
                                 f"{param.dtype} {param.access} buffer")
         body = unsigned_reads(k, d.param, d.offset, body)
+    if d.bits != 8:
+        if d.bits != 5 or d.group != 4 or not d.offset or d.block * d.group % UNIT:
+            raise ScheduleError(f"{k.name}: Pack({d.param}) in {d.bits} bits: only 5, with groups of 4, an offset and "
+                                f"blocks of a multiple of {UNIT // 4} rows")
+        body = narrow_reads(k, d.param, body)
     if param.access == "read":
         return body
     vector_loops = [lp for lp in loops(body) if lp.lanes]
@@ -122,9 +128,10 @@ def pack(k: Kernel, d: Pack) -> tuple:
 
 # the weights file -------------------------------------------------------------------------------
 
-def pack_array(array: np.ndarray, row: int, block: int, group: int = 1, offset: int = 0) -> np.ndarray:
-    """A row-major weight in the blocked layout Pack(row, block, group, offset) reads:
-    [rows / block, row / group, block, group]; with an offset, int8 values v as uint8 v + offset."""
+def pack_array(array: np.ndarray, row: int, block: int, group: int = 1, offset: int = 0, bits: int = 8) -> np.ndarray:
+    """A row-major weight in the blocked layout Pack(row, block, group, offset, bits) reads:
+    [rows / block, row / group, block, group]; with an offset, int8 values v as uint8 v + offset;
+    in 5 bits, those bytes as schedule/narrow.py keeps them (flat: 5/8 of the bytes)."""
     flat = np.ascontiguousarray(array).reshape(-1, row)
     if flat.shape[0] % block or row % group:
         raise ValueError(f"{flat.shape[0]} rows of {row} do not divide into blocks of {block} and groups of {group}")
@@ -137,6 +144,10 @@ def pack_array(array: np.ndarray, row: int, block: int, group: int = 1, offset: 
             raise ValueError(f"int8 values in [{int(blocked.min())}, {int(blocked.max())}] plus {offset} leave "
                              f"an unsigned byte")
         blocked = shifted.astype(np.uint8)
+    if bits != 8:
+        if bits != 5 or not offset:
+            raise ValueError(f"weights are stored in 8 bits, or in 5 with an offset; not {bits}")
+        return narrow_bytes(blocked)
     return blocked.reshape(array.shape)
 
 
@@ -166,7 +177,7 @@ def weight_layouts(kernels: dict, calls, buffers: dict, strict: bool = True) -> 
 def _describe(layout) -> str:
     if layout is None:
         return "row-major"
-    row, block, group, offset = tuple(layout) + (1, 0)[len(layout) - 2:]
+    row, block, group, offset, bits = tuple(layout) + (1, 0, 8)[len(layout) - 2:]
     return f"blocks of {block} rows of {row}" + (f" in groups of {group}" if group > 1 else "") + \
-        (f" stored + {offset} unsigned" if offset else "")
+        (f" stored + {offset} unsigned" if offset else "") + (f" in {bits} bits" if bits != 8 else "")
 
