@@ -38,7 +38,7 @@ from .passes.cse import cse
 from .passes.fold import fold_constants
 from .passes.fusion import plan_fusion
 from .schedule.program import kernel_digest, schedule_program
-from .signature import Signature, StepProgram, identifier
+from .signature import Signature, StepProgram, identifier, weight_buffer
 from .target import detect_march, dot_weight_offset, has_fma, vector_lanes
 from .version import GENERATOR
 from .codegen.data import sources_digest
@@ -58,6 +58,7 @@ class Options:
     choose: Callable | None = None   # kernel -> directives, replacing the recipes (tests)
     fma: bool | None = None          # matmul sums as fused multiply-adds; None: if the march has FMA
     tuned: tuple = ()                # (kernel digest, directives) pairs measured on this CPU (nanocompile/tune)
+    narrow: tuple = ()               # int8 weights whose values fit 5 bits (a GGUF's Q5_0): kept so where the target can
 
 
 @dataclass
@@ -104,8 +105,10 @@ def run_separate(c: Compilation) -> None:
 
 
 def run_schedule(c: Compilation) -> None:
+    names = set(c.options.narrow)
+    narrow = frozenset(weight_buffer(w.cname) for w in c.signature.weights if w.name in names)
     c.packed = schedule_program(c.kernels, c.programs.values(), c.lanes, c.options.choose, dict(c.options.tuned),
-                                dot_weight_offset(c.options.march))
+                                dot_weight_offset(c.options.march), narrow)
 
 
 def run_memory(c: Compilation) -> None:
@@ -186,7 +189,17 @@ class Module:
         o = self.options
         return {"generator": GENERATOR, "sources": sources_digest(), "config": self.signature.config, "precision": o.precision,
                 "max_chunk": o.max_chunk, "march": o.march, "isa": self.isa, "fused": o.fuse,
-                "scheduled": o.schedule, "fma": o.fma, "tuned": self.tuned_hash}
+                "scheduled": o.schedule, "fma": o.fma, "tuned": self.tuned_hash, "narrow": self.narrow_hash}
+
+    @property
+    def narrow_weights(self) -> list[str]:
+        """The weights kept in 5 bits (schedule/narrow.py)."""
+        return [w.name for w in self.weights if len(w.packed) == 5 and w.packed[4] == 5]
+
+    @property
+    def narrow_hash(self) -> str | None:
+        names = self.narrow_weights
+        return hashlib.sha256(json.dumps(names).encode()).hexdigest()[:20] if names else None
 
     @property
     def tuned_hash(self) -> str | None:
@@ -265,11 +278,13 @@ def state_blocks(signature: Signature, packed: dict) -> dict[str, int]:
 
 def compile_model(cfg: Qwen2Config, precision: str = "f32", max_chunk: int = DEFAULT_CHUNK,
                   march: str | None = None, fuse: bool = True, schedule: bool = True,
-                  dump_after: str | None = None, out: Callable[[str], None] = print, tuned: tuple = ()) -> Module:
+                  dump_after: str | None = None, out: Callable[[str], None] = print, tuned: tuple = (),
+                  narrow: tuple = ()) -> Module:
     """A Qwen2 config, compiled: the frontend's step program through compile_program. tuned:
-    (kernel digest, directives) pairs measured on this machine, used where they apply."""
+    (kernel digest, directives) pairs measured on this machine, used where they apply; narrow:
+    the int8 weights whose values fit 5 bits (quantize.NativeWeights.narrow)."""
     options = Options(precision=precision, max_chunk=max_chunk, march=march, fuse=fuse, schedule=schedule,
-                      tuned=tuple(tuned))
+                      tuned=tuple(tuned), narrow=tuple(sorted(narrow)))
     return compile_program(qwen2_program(cfg, precision), options, dump_after, out)
 
 

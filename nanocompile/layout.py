@@ -21,7 +21,7 @@ class WeightSlot:
     shape: tuple[int, ...]
     offset: int       # bytes from the start of the packed file
     nbytes: int
-    packed: tuple = ()  # (row, block[, group]): the blocked layout schedule.Pack reads; () row-major
+    packed: tuple = ()  # (row, block[, group[, offset[, bits]]]): the layout schedule.Pack reads; () row-major
     dtype: str = "f32"
 
     @property
@@ -34,8 +34,10 @@ def weight_layout(signature: Signature, packed: dict[str, tuple]) -> list[Weight
     layout the schedules chose for its buffer."""
     slots, offset = [], HEADER_BYTES
     for w in signature.weights:
+        layout = packed.get(weight_buffer(w.cname), ())
         nbytes = int(np.prod(w.shape)) * DTYPE_BYTES[w.dtype]
-        slots.append(WeightSlot(w.name, w.cname, tuple(w.shape), offset, nbytes, packed.get(weight_buffer(w.cname), ()),
-                                w.dtype))
+        if len(layout) == 5:  # (row, block, group, offset, bits): bits of each byte kept (schedule/narrow.py)
+            nbytes = nbytes * layout[4] // 8
+        slots.append(WeightSlot(w.name, w.cname, tuple(w.shape), offset, nbytes, layout, w.dtype))
         offset += (nbytes + WEIGHT_ALIGN - 1) // WEIGHT_ALIGN * WEIGHT_ALIGN
     return slots

@@ -130,6 +130,15 @@ def exact_in_int8(fmt: BlockFormat | None) -> bool:
     return fmt.signed or (q.start >= -127 and q.stop - 1 <= 127)
 
 
+def fits_five_bits(fmt: BlockFormat | None) -> bool:
+    """Whether fmt is exact in int8's form with every quant within [-16, 15] after its offset
+    (Q5_0, Q4_0): the kernels may keep such a weight in 5 bits (schedule/narrow.py)."""
+    if not exact_in_int8(fmt):
+        return False
+    q = quant_range(fmt)
+    return q.start >= -16 and q.stop - 1 <= 15
+
+
 UNPACK_ROWS = 4096  # rows unpacked at a time: bounds the temporaries on the embedding
 
 
@@ -182,6 +191,13 @@ class NativeWeights(Int8Weights):
             return super()._stored(base)
         return split_exact(stored.data, stored.format, n, k)
 
+    @property
+    def narrow(self) -> tuple[str, ...]:
+        """The int8 weights (name.qs) filled from stored blocks whose quants fit 5 bits."""
+        return tuple(sorted(f"{name}.qs" for name, kind in self.types.items()
+                            if self.blocks is not None and name not in self.fallbacks
+                            and fits_five_bits(format_named(kind))))
+
     def fallback_note(self) -> str | None:
         """One line naming the matrices that are requantized to Q8_0 and their types, or None."""
         if not self.fallbacks:
@@ -195,6 +211,14 @@ class NativeWeights(Int8Weights):
         parts = [f"{kind}: {compress_names(names)}" for kind, names in sorted(by_type.items())]
         return (f"native: {len(self.fallbacks)} tensor(s) of a type with no exact int8 form are requantized "
                 f"to Q8_0 ({'; '.join(parts)})")
+
+
+def narrow_weights(source, precision: str) -> tuple[str, ...]:
+    """The weights a library for `precision` may keep in 5 bits: native's from a model file's 5-bit
+    blocks; none for other precisions or for arrays handed over as they are."""
+    if precision != "native" or not hasattr(source, "shapes"):
+        return ()
+    return NativeWeights.of_source(source).narrow
 
 
 def compress_names(names: list[str]) -> str:

@@ -19,13 +19,23 @@ from .recipes import default_schedule
 
 def weight_params(kernels: dict[str, Kernel], programs, kind: str = "weight") -> dict[str, frozenset]:
     """Kernel name -> the parameters bound to a weight buffer (or another kind) in every call."""
+    return _bound(kernels, programs, lambda prog, buffer: prog.buffers[buffer].kind == kind)
+
+
+def _bound_to(kernels: dict[str, Kernel], programs, buffers: set) -> dict[str, frozenset]:
+    """Kernel name -> its parameters bound to one of buffers in every call."""
+    return _bound(kernels, programs, lambda prog, buffer: buffer in buffers)
+
+
+def _bound(kernels: dict[str, Kernel], programs, test) -> dict[str, frozenset]:
+    """Kernel name -> its parameters whose buffer passes test(program, buffer) in every call."""
     seen: dict[str, dict[str, bool]] = {}
     for prog in programs:
         for call in prog.calls:
             k = kernels[call.kernel]
             flags = seen.setdefault(call.kernel, {p.name: True for p in k.params})
             for p, buffer in zip(k.params, call.args):
-                flags[p.name] = flags[p.name] and prog.buffers[buffer].kind == kind
+                flags[p.name] = flags[p.name] and test(prog, buffer)
     return {name: frozenset(p for p, ok in flags.items() if ok) for name, flags in seen.items()}
 
 
@@ -36,7 +46,8 @@ def kernel_digest(k: Kernel) -> str:
     return hashlib.sha256(format_kernel(lowered).encode()).hexdigest()[:20]
 
 
-def _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, unpackable, dot_offset) -> dict:
+def _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, unpackable, dot_offset,
+                     narrow=None) -> dict:
     """Each kernel's measured schedule where one applies, else its recipe; state parameters bound
     to an unpackable buffer in some call are not offered to the recipes for blocks."""
     bound: dict[str, set] = {}
@@ -53,23 +64,30 @@ def _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, un
             schedules[name] = tuple(measured)
         else:
             schedules[name] = tuple(choose(k) if choose else
-                                    default_schedule(k, lanes, weights.get(name, ()), blocked, dot_offset))
+                                    default_schedule(k, lanes, weights.get(name, ()), blocked, dot_offset,
+                                                     (narrow or {}).get(name, ())))
     return schedules
 
 
 def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=None,
-                     tuned: dict | None = None, dot_offset: int = 0) -> dict[str, tuple[int, int]]:
+                     tuned: dict | None = None, dot_offset: int = 0,
+                     narrow: frozenset = frozenset()) -> dict[str, tuple[int, int]]:
     """Schedules every kernel in place; returns buffer -> (row, block) for the packed weights.
     choose(kernel) -> directives replaces the recipes (tests use it to try other schedules);
     tuned maps kernel_digest() to a schedule measured on this machine (nanocompile/tune), used
     where it applies instead of the recipe; dot_offset: the recipes' int8 weight offset
-    (target.dot_weight_offset)."""
+    (target.dot_weight_offset); narrow: weight buffers whose values fit 5 bits, kept so by the
+    recipes where every kernel reading one takes it so (a tied embedding's gather does not: such
+    a buffer stays 8-bit)."""
     programs = list(programs)
     weights = weight_params(kernels, programs)
     state = weight_params(kernels, programs, "state")
     unpackable: set[str] = set()  # state buffers a kernel cannot read in blocks: they stay position-major
+    narrow = set(narrow)
     while True:
-        schedules = _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, unpackable, dot_offset)
+        narrow_params = _bound_to(kernels, programs, narrow)
+        schedules = _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, unpackable, dot_offset,
+                                     narrow_params)
 
         def layouts(strict):
             tagged = {name: dataclasses.replace(k, schedule=tuple(schedules[name])) for name, k in kernels.items()}
@@ -94,14 +112,15 @@ def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=No
                         candidates = [added + schedules[call.kernel], added + default_schedule(k, 0, ())]
                         chosen = first_legal(k, candidates)
                         if not chosen:
-                            refused |= {b for p, b in zip(k.params, call.args)
-                                        if b in packed and p.name not in have and prog.buffers[b].kind == "state"}
+                            refused |= {b for p, b in zip(k.params, call.args) if b in packed and p.name not in have
+                                        and (prog.buffers[b].kind == "state" or len(packed[b]) == 5)}
                         # if neither applies (and no state buffer is to blame), apply() below raises
                         schedules[call.kernel] = chosen or candidates[-1]
                         changed = True
-        if not refused - unpackable:
+        if not refused - unpackable and not refused & narrow:
             break
-        unpackable |= refused
+        unpackable |= refused - narrow
+        narrow -= refused  # read by a kernel that cannot take 5 bits: every kernel reads it in 8
     packed = layouts(strict=True)  # raises if a parameter is bound to a packed and an unpacked weight
     for name, k in list(kernels.items()):
         kernels[name] = apply(k, schedules[name])

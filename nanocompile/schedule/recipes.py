@@ -44,6 +44,7 @@ TILES = {16: (6, 24), 8: (4, 12)}
 # 4 column vectors x 2 = 24 of 32 registers, leaving the weights' vectors and the activation's
 # |x| and sign; AVX2: 2 rows x 2 column vectors x 2 = 8 of 16.
 TILES_INT8 = {16: (3, 24), 8: (2, 8)}
+NARROW_LANES, NARROW_OFFSET = 16, 16  # 5-bit weights: 16-lane dot products, values in [-16, 15] stored + 16
 ATTENTION_ROWS = 8  # query rows unrolled and jammed in attention
 SCORE_VECTORS = 4   # vectors of keys per block of stored keys (independent sums in attention's scores)
 
@@ -58,12 +59,15 @@ KNOBS = {
 }
 
 
-def default_schedule(k: Kernel, lanes: int = 0, weights=frozenset(), state=frozenset(), dot_offset: int = 0) -> tuple:
+def default_schedule(k: Kernel, lanes: int = 0, weights=frozenset(), state=frozenset(), dot_offset: int = 0,
+                     narrow=frozenset()) -> tuple:
     """The first legal candidate of the kernel's recipes. lanes: 16 (AVX-512), 8 (AVX2) or 0
     (no vector code); weights: the parameters bound to weights, which may be packed; state: those
     bound to state buffers, which may be packed in blocks of positions; dot_offset: what int8
-    weights read by dot products are stored plus, unsigned (target.dot_weight_offset)."""
-    return first_legal(k, _candidates(k, lanes, frozenset(weights), frozenset(state), dot_offset))
+    weights read by dot products are stored plus, unsigned (target.dot_weight_offset); narrow:
+    the int8 weights whose values fit 5 bits, kept so where the target's dot products take them
+    (16 lanes, unsigned)."""
+    return first_legal(k, _candidates(k, lanes, frozenset(weights), frozenset(state), dot_offset, frozenset(narrow)))
 
 
 def _column_loop(k: Kernel):
@@ -95,10 +99,11 @@ def _block_column_loop(k: Kernel):
     return None
 
 
-def _candidates(k: Kernel, lanes: int, weights: frozenset, state: frozenset = frozenset(), dot_offset: int = 0):
+def _candidates(k: Kernel, lanes: int, weights: frozenset, state: frozenset = frozenset(), dot_offset: int = 0,
+                narrow: frozenset = frozenset()):
     block = _block_column_loop(k)
     if block and lanes:
-        yield from _block_projection(k, *block, lanes, weights, dot_offset)
+        yield from _block_projection(k, *block, lanes, weights, dot_offset, narrow)
     found = _column_loop(k)
     if found:
         col, row, reduction = found
@@ -160,7 +165,7 @@ def projection(col: Loop, row, reduction: Loop, lanes: int, packed: list, column
 
 
 def _block_projection(k: Kernel, col: Loop, row, blocks: Loop, products: Loop, lanes: int, weights: frozenset,
-                      dot_offset: int = 0):
+                      dot_offset: int = 0, narrow: frozenset = frozenset()):
     """An int8 projection (block_projection), with as many column vectors and (prefill) rows per
     tile as TILES_INT8's register budget holds: each lane keeps an int32 sum and a float32 sum,
     2 registers per column vector and row."""
@@ -173,8 +178,8 @@ def _block_projection(k: Kernel, col: Loop, row, blocks: Loop, products: Loop, l
         if 2 * columns * accumulators * rows > budget and columns > 1:
             continue
         if row is not None and not isinstance(row.extent, IConst):
-            yield block_projection(col, row, blocks, products, lanes, *operands, dot_offset, columns, rows)
-        yield block_projection(col, row, blocks, products, lanes, *operands, dot_offset, columns, 0)
+            yield block_projection(col, row, blocks, products, lanes, *operands, dot_offset, columns, rows, narrow)
+        yield block_projection(col, row, blocks, products, lanes, *operands, dot_offset, columns, 0, narrow)
 
 
 def _block_operands(k: Kernel, blocks: Loop, products: Loop, weights: frozenset):
@@ -189,14 +194,17 @@ def _block_operands(k: Kernel, blocks: Loop, products: Loop, weights: frozenset)
 
 
 def block_projection(col: Loop, row, blocks: Loop, products: Loop, lanes: int, quants: list, scales: list,
-                     dot_offset: int, columns: int, rows: int) -> list:
+                     dot_offset: int, columns: int, rows: int, narrow: frozenset = frozenset()) -> list:
     """An int8 projection: columns in vector lanes, each block's products as dot products of 4
     (DotProduct), the int8 weights packed so a lane's 4 values are adjacent (stored plus
     dot_offset, unsigned, where the target takes them so) and the float16 scales so the lanes'
     are; `columns` vectors per tile and `rows` rows (0: the rows stay outside) sharing each
-    activation group; the column blocks across threads."""
+    activation group; the column blocks across threads. Weights in narrow are kept in 5 bits
+    (offset 16) where 16 lanes take them unsigned (schedule/narrow.py)."""
     n_blocks, block = blocks.extent.value, products.extent.value
-    packs = [Pack(p, n_blocks * block, lanes * columns, 4, dot_offset) for p in quants] + \
+    five = lanes == NARROW_LANES and dot_offset > 0
+    packs = [Pack(p, n_blocks * block, lanes * columns, 4, NARROW_OFFSET, 5) if five and p in narrow else
+             Pack(p, n_blocks * block, lanes * columns, 4, dot_offset) for p in quants] + \
         [Pack(p, n_blocks, lanes * columns) for p in scales]
     head = [Vectorize(col.var, lanes), DotProduct(products.var, 4)] + \
         ([UnrollJam(col.var, columns)] if columns > 1 else []) + packs
