@@ -62,6 +62,16 @@ static inline float nc_expf(float x)
     return x == x ? y : x;
 }
 
+/* The unsigned byte at index i of the 8-bit layout, of a weight kept in 5 bits
+ * (schedule/narrow.py: each 64 bytes as 32 of nibble pairs, then a 64-bit mask of fifth bits). */
+static inline uint8_t nc_load_u5(const int8_t *p, int64_t i)
+{
+    const uint8_t *unit = (const uint8_t *)p + i / 64 * 40;
+    int64_t w = i % 64;
+    uint8_t low = w < 32 ? (uint8_t)(unit[w] & 15) : (uint8_t)(unit[w - 32] >> 4);
+    return (uint8_t)(low | (((unit[32 + w / 8] >> (w % 8)) & 1) << 4));
+}
+
 /* The sum of n int8 values, exact in int32 for n < 2^24: the correction a dot product with
  * unsigned (offset) weights subtracts once per block (schedule/unsigned.py). */
 static inline int32_t nc_sum_i8(const int8_t *p, int n)

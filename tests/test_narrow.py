@@ -53,11 +53,23 @@ def test_five_bit_dot_kernels_are_bitwise(columns, rows):
     check_bitwise(lib, g, w, np.random.default_rng(columns + rows))
 
 
+def test_five_bit_weights_read_outside_dot_products_are_rebuilt_byte_by_byte():
+    """Scalar code (the plain products, as a tied embedding's gather reads the table) rebuilds
+    each stored byte (nc_load_u5) and subtracts the offset: bitwise as before."""
+    g = projection_graph(70, 48)
+    w = five_bit_weights(96, 48, seed=6)
+    w["wq"][:, 70:] = 0
+    plain = (Pack("p2", 96, 16, 4, 16, 5), Parallel("i1"))
+    lib = GraphLibrary(g, fuse=True, schedule=lambda k: plain if k.op == "block_matmul" else ())
+    assert "nc_load_u5(" in lib.source
+    check_bitwise(lib, g, w, np.random.default_rng(7), threads=(1, 3))
+
+
 def test_five_bits_are_read_by_sixteen_lane_dot_products_only():
     g = projection_graph(64, 64)
     k = next(k for k in graph_kernels(g).values() if k.op == "block_matmul")
     with pytest.raises(ScheduleError, match="outside a dot product"):
-        apply(k, (Pack("p2", 64, 16, 4, 16, 5), Parallel("i1")))
+        apply(k, (Vectorize("i1", 16), Pack("p2", 64, 16, 1, 16, 5)))
     with pytest.raises(ScheduleError, match="blocks of a multiple of 16 rows"):  # 8 lanes: 32-byte units
         apply(k, (Vectorize("i1", 8), DotProduct("j", 4), Pack("p2", 64, 8, 4, 16, 5), Pack("p4", 2, 8)))
     with pytest.raises(ScheduleError, match="only 5, with groups of 4, an offset"):

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..ir.expr import Expr
 from ..loopir.affine import build, linear
-from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, ByteSum, Cast, Dot, FConst, Fma, IConst, Lane, LaneMax, Load,
+from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, ByteSum, Cast, Dot, FConst, Fma, IConst, Lane, LaneMax, Load, NarrowByte,
                          Loop, Poly, Select, Store, Un, Var, dtype_of)
 from ..loopir.traverse import statements as all_statements
 from ..loopir.traverse import fold, walk
@@ -94,6 +94,8 @@ def c(e, top: bool = True) -> str:
         return wrap(" + ".join([c(e.acc, False)] + terms))
     if isinstance(e, ByteSum):
         return f"nc_sum_i8({address(e.a.param, e.a.index)}, {e.count})"
+    if isinstance(e, NarrowByte):  # scalar code only (schedule/narrow.py refuses lanes)
+        return f"nc_load_u5({e.a.param}, {c(e.a.index)})"
     if isinstance(e, LaneMax):
         return f"nc_lane_max{e.lanes}({e.a.name})"
     raise TypeError(f"not a loop-IR expression: {e!r}")

@@ -170,6 +170,14 @@ class ByteSum(Node):
 
 
 @dataclass(frozen=True)
+class NarrowByte(Node):
+    """The unsigned byte a (a Load of a weight Pack keeps in 5 bits, schedule/narrow.py) stands
+    for, rebuilt from its nibble and its fifth bit: a's index is the 8-bit layout's."""
+    a: Node
+    CHILDREN: ClassVar = ("a",)
+
+
+@dataclass(frozen=True)
 class Acc(Node):
     """The value of a local: an accumulator, or a value computed once and reused."""
     name: str
@@ -312,6 +320,8 @@ def format_expr(e) -> str:
         return f"dot{e.width}({format_expr(e.acc)}, {format_expr(e.a)}, {format_expr(e.b)}{unsigned})"
     if isinstance(e, ByteSum):
         return f"sum{e.count}({format_expr(e.a)})"
+    if isinstance(e, NarrowByte):
+        return f"u5({format_expr(e.a)})"
     if isinstance(e, LaneMax):
         return f"lane_max{e.lanes}({format_expr(e.a)})"
     raise TypeError(f"not a loop-IR expression: {e!r}")
@@ -329,6 +339,8 @@ def dtype_of(e, dtypes: dict) -> str:
         return "f32"
     if isinstance(e, (Dot, ByteSum)):
         return "i32"
+    if isinstance(e, NarrowByte):
+        return "u8"
     if isinstance(e, Bin):
         if e.op in ("<=", "<"):
             return "bool"

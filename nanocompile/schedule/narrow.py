@@ -19,7 +19,7 @@ import dataclasses
 import numpy as np
 
 from ..loopir.affine import linear
-from ..loopir.ir import Dot, Kernel, Lane, Load, Loop
+from ..loopir.ir import Cast, Dot, Kernel, Lane, Load, Loop, NarrowByte
 from ..loopir.traverse import rewrite_in_loops, statements_in_loops, walk
 from .directives import ScheduleError
 
@@ -29,15 +29,17 @@ LANES = 16
 
 
 def narrow_reads(k: Kernel, param: str, body: tuple) -> tuple:
-    """body with the dot products reading param (already unsigned) marked 5-bit; every other read
-    of param, and a dot product outside 16 lanes or not at a whole unit, is refused."""
+    """body with the dot products reading param (already unsigned) marked 5-bit and its other
+    reads (unsigned bytes, schedule/unsigned.py) rebuilt one byte at a time (a gather of an
+    embedding row); a read in vector lanes outside a dot product, and a dot product outside 16
+    lanes or not at a whole unit, is refused."""
     for s, around in statements_in_loops(body):
         if isinstance(s, Loop):  # its statements come on their own
             continue
         dots = [n for n in walk(s) if isinstance(n, Dot) and isinstance(n.b, Load) and n.b.param == param]
-        if any(isinstance(n, Load) and n.param == param and not any(n is d.b for d in dots) for n in walk(s)):
-            raise ScheduleError(f"{k.name}: {param} is read outside a dot product; in 5 bits only dot products "
-                                f"read it")
+        others = [n for n in walk(s) if isinstance(n, Load) and n.param == param and not any(n is d.b for d in dots)]
+        if others and any(lp.lanes for lp in around):
+            raise ScheduleError(f"{k.name}: {param} in 5 bits is read in vector lanes outside a dot product")
         if dots and not any(lp.lanes == LANES for lp in around):
             raise ScheduleError(f"{k.name}: {param} in 5 bits is read by dot products in {LANES} lanes only")
         for d in dots:
@@ -50,6 +52,8 @@ def narrow_reads(k: Kernel, param: str, body: tuple) -> tuple:
     def mark(n, around):
         if isinstance(n, Dot) and isinstance(n.b, Load) and n.b.param == param:
             return dataclasses.replace(n, b_bits=5)
+        if isinstance(n, Cast) and n.dtype == "u8" and isinstance(n.a, Load) and n.a.param == param:
+            return NarrowByte(n.a)  # the stored byte, rebuilt
         return None
 
     return rewrite_in_loops(body, mark)
