@@ -231,6 +231,15 @@ def test_tune_command_records_replayable_searches(tiny):
     assert "int8 projection" in r.stdout and all(len(both[j.name]["searches"]) == 2 for j in int8_jobs)
 
 
+def test_tune_refuses_an_unknown_precision_in_one_line(tiny, tmp_path):
+    path, env, _ = tiny
+    env = {**env, "NANOCOMPILE_CACHE": str(tmp_path)}
+    r = subprocess.run([*NC, "tune", "-q", "-m", path, "--precision", "int4", "--budget", "5"], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip() == "nanocompile: error: --precision int4: choose from f32, int8, native"
+    assert not (tmp_path / "tuned").exists()  # nothing measured, nothing written
+
+
 @pytest.mark.c
 def test_tune_can_be_interrupted_and_keeps_what_it_measured(tiny, tmp_path):
     path, env, _ = tiny
