@@ -16,8 +16,9 @@ import numpy as np
 from bench.common import THREADS
 
 
-def profile(model, prompt, module) -> dict:
-    """Per-kernel times of one prefill and one decode step, from a NANOCOMPILE_PROFILE build."""
+def profile(model, prompt, module, precision: str | None = None) -> dict:
+    """Per-kernel times of one prefill and one decode step, from a NANOCOMPILE_PROFILE build.
+    precision: the session's (native's module is int8's graph, so module.precision says int8)."""
     import numpy as np
 
     from nanocompile.build import cmake_build
@@ -31,7 +32,7 @@ def profile(model, prompt, module) -> dict:
     cmake_build(d / "tree", d / "build", {"NANOCOMPILE_PROFILE": "ON"}, target=manifest["library"])
     lib_path = d / "build" / f"lib{manifest['library']}.so"
     s = CompiledSession(model.config, model.weights, n_ctx=len(prompt) + 8, threads=THREADS,
-                        weights_key=model.key, library=(lib_path, manifest), precision=module.precision)
+                        weights_key=model.key, library=(lib_path, manifest), precision=precision or module.precision)
     p = manifest["prefix"]
     lib = s.lib.cdll
     for name, res in (("profile_kernels", ctypes.c_int32), ("profile_name", ctypes.c_char_p),
@@ -95,7 +96,7 @@ def main() -> None:
     module = s.module
     s.close()
     prompt = [int(t) for t in np.random.default_rng(0).integers(1000, 100000, n)]
-    prof = profile(model, prompt, module)
+    prof = profile(model, prompt, module, precision)
     print_profile(prof, 10)
     append({"bench": "profile", "precision": precision, "prompt": n, "march": module.options.march, **prof})
 

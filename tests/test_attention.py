@@ -14,11 +14,14 @@ from nanocompile.compiler import compile_model
 from nanocompile.library import CompiledSession
 from nanocompile.loopir.ir import Un
 from nanocompile.loopir.traverse import walk
-from nanocompile.schedule.directives import Pack, Vectorize
+from nanocompile.schedule.directives import Pack, Parallel, UnrollJam, Vectorize
 
 from helpers import random_weights, tiny_config
 
 CFG = tiny_config(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=320, max_pos=2048)
+
+
+GROUP = CFG.num_attention_heads // CFG.num_key_value_heads  # query heads sharing a key-value head
 
 
 @pytest.mark.parametrize("march, lanes", [("x86-64-v4", 16), ("x86-64-v3", 8)])
@@ -29,11 +32,25 @@ def test_scores_vectorize_over_keys_stored_in_blocks(march, lanes):
     for k in scores:
         assert any(isinstance(d, Vectorize) and d.lanes == lanes for d in k.schedule), k.schedule
         packs = [d for d in k.schedule if isinstance(d, Pack)]
-        assert [(d.row, d.block) for d in packs] == [(CFG.num_key_value_heads * CFG.head_dim, 4 * lanes)]
-    assert m.state_blocks == {"cache_k": 4 * lanes}  # the values stay position-major: their columns are contiguous
+        assert [(d.row, d.block) for d in packs] == [(CFG.num_key_value_heads * CFG.head_dim, lanes)]
+        # the heads sharing a block of keys are jammed: one read of the block serves the group
+        assert UnrollJam("i1i", GROUP) in k.schedule and Parallel("i2o") in k.schedule, k.schedule
+    assert m.state_blocks == {"cache_k": lanes}  # the values stay position-major: their columns are contiguous
     writers = [k for k in m.kernels.values() if any(isinstance(d, Pack) and k.params[0].name == d.param
                                                     for d in k.schedule)]
     assert writers, "the kernel appending keys stores them in blocks"
+
+
+@pytest.mark.parametrize("march, lanes", [("x86-64-v4", 16), ("x86-64-v3", 8)])
+def test_values_are_read_once_per_group_of_heads(march, lanes):
+    """Probabilities times the stored values: the group's rows are jammed (a decode step has no
+    other rows, and each row alone would read every stored value again), the key-value heads
+    across threads."""
+    m = compile_model(CFG, march=march)
+    products = [k for k in m.kernels.values() if k.name.startswith("matmul_store") and "x16" in k.name]
+    assert products
+    for k in products:
+        assert UnrollJam("i1i", GROUP) in k.schedule and Parallel("i0") in k.schedule, k.schedule
 
 
 def test_softmax_computes_each_exp_once():

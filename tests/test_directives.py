@@ -162,6 +162,8 @@ REFUSALS = {
     "split reduction loop": (QPROJ, (Split("k", 4),), "is a reduction loop; splitting it would reorder a sum"),
     "split after parallel": (QPROJ, (Parallel("i1"), Split("i1", 4)), "already parallel; Split comes before"),
     "vectorize lane-dependent select": (ROPE, (Vectorize("i2", 16),), "select on a lane-dependent condition"),
+    "parallel leaves a store to every thread": (MM, (Split("i1", 5), Parallel("i1o")),
+                                                "store to p0 outside every parallel loop"),
     "vectorize carried value": (carry_kernel, (Vectorize("i0", 16),), "carries 'acc' from one iteration to the"),
     "vectorize lane arithmetic": (lane_arithmetic_kernel, (Vectorize("i0", 16),),
                                   "integer arithmetic that differs between lanes"),
@@ -174,6 +176,14 @@ def test_refusal(case):
     k = source() if callable(source) else kernel(source[0], **source[1])
     with pytest.raises(ScheduleError, match=message):
         apply(k, schedule)
+
+
+def test_split_of_a_symbolic_multiple_leaves_no_tail():
+    """Attention's rows are 2*seq here (two query heads per key-value head): split by 2, the
+    outer loop runs seq times and there is no tail loop."""
+    k = apply(kernel("matmul_store", **VECTOR_CFG), (Split("i1", 2),))
+    text = body(k)
+    assert "for i1o in 0..seq:" in text and "i1t" not in text, text
 
 
 # the recipes -------------------------------------------------------------------------------------

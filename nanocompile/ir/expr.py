@@ -92,6 +92,12 @@ class Expr:
     def symbols(self) -> set[str]:
         return {s for m in self.terms for s in m}
 
+    def divided(self, d: int) -> "Expr | None":
+        """self / d when d divides every coefficient (7*seq / 7 = seq), else None."""
+        if any(c % d for c in self.terms.values()):
+            return None
+        return Expr({m: c // d for m, c in self.terms.items()})
+
     def coeff(self, *monomial: str) -> int:
         return self.terms.get(tuple(sorted(monomial)), 0)
 

@@ -9,7 +9,7 @@ from .directives import (DotProduct, LaneReduce, Pack, Parallel, Reorder, Schedu
                          Vectorize)
 from .dot import dot_product
 from .lanes import lane_reduce
-from .loops import parallel, reorder, split, unroll, unroll_jam
+from .loops import check_chunks, parallel, reorder, split, unroll, unroll_jam
 from .pack import pack
 from .vector import check_lanes, vectorize
 
@@ -26,6 +26,7 @@ def apply(k: Kernel, schedule) -> Kernel:
             raise ScheduleError(f"unknown schedule directive {d!r}")
         current = dataclasses.replace(current, body=rule(current, d))
     check_lanes(current)
+    check_chunks(current)
     return dataclasses.replace(current, schedule=tuple(schedule), lowered=k.lowered or k.body)
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..loopir.ir import AccUpdate, Bin, IConst, Kernel, Loop, Var
-from ..loopir.traverse import declared, find_loop, loops, replace, statements, stores, substitute, uses
+from ..loopir.ir import AccUpdate, Bin, IConst, Kernel, Loop, Poly, Store, Var
+from ..loopir.traverse import (declared, find_loop, loops, replace, statements, statements_in_loops, stores, substitute,
+                               uses)
 from .directives import Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam
 
 _GERUND = {"split": "splitting", "reorder": "reordering", "unroll": "unrolling"}
@@ -55,6 +56,8 @@ def split(k: Kernel, d: Split) -> tuple:
             raise ScheduleError(f"{k.name}: loop {d.loop!r} has {loop.extent.value} iterations, fewer than "
                                 f"the split factor {d.factor}")
         tail_extent = IConst(rest) if rest else None
+    elif isinstance(loop.extent, Poly) and loop.extent.expr.divided(d.factor) is not None:
+        whole, tail_extent = Poly(loop.extent.expr.divided(d.factor)), None  # 7*seq by 7: seq, no tail
     else:
         whole, tail_extent = Bin("/", loop.extent, f), Bin("%", loop.extent, f)
     outer, inner, tail = d.loop + "o", d.loop + "i", d.loop + "t"
@@ -180,3 +183,15 @@ def check_parallel(k: Kernel, d: Parallel) -> Loop:
 def parallel(k: Kernel, d: Parallel) -> tuple:
     loop = check_parallel(k, d)
     return replace(k.body, loop, (dataclasses.replace(loop, parallel=True),))
+
+
+def check_chunks(k: Kernel) -> None:
+    """A complete schedule with parallel loops: every store is inside one. Each chunk of a call
+    runs the kernel's statements outside its parallel loops (kernel.c.j2), so a store there
+    would be made by every thread at once (a split's tail left outside, say)."""
+    if not any(lp.parallel for lp in loops(k.body)):
+        return
+    for s, around in statements_in_loops(k.body):
+        if isinstance(s, Store) and not any(lp.parallel for lp in around):
+            raise ScheduleError(f"{k.name}: a store to {s.param} outside every parallel loop would be made by "
+                                f"every thread; make the loop around it parallel too")

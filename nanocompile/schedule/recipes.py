@@ -11,13 +11,19 @@ kernel wins, and the last resort is the kernel as fusion wrote it. The classes:
                      column blocks across threads;
   activation product a matmul of two activations whose columns are contiguous (attention's
                      probabilities times the stored values): vectorize the columns, move the
-                     rows inside and unroll-and-jam 8 of them;
+                     rows inside and unroll-and-jam a group of them: the query heads that share
+                     one key-value head when the rows are a multiple of them (7*seq), so one
+                     pass over the stored values serves the whole group (decode has no other
+                     rows), else 8; the groups (key-value heads) across threads;
   symbolic columns   a matmul whose column loop has a symbolic extent (attention's scores over
-                     every stored key): with vector code and keys in state, split the columns by
-                     4 vectors, vectorize them and store the keys in blocks of those columns
-                     (the state in blocks of positions: consecutive keys adjacent at each
-                     element); else split the columns by 8 and unroll-and-jam the 8 (independent
-                     accumulators); rows across threads;
+                     every stored key): with vector code and keys in state, vectorize the
+                     columns and store the keys in blocks of those columns (the state in blocks
+                     of positions: consecutive keys adjacent at each element); with a group of
+                     rows (as above) the rows move inside the columns and the group is jammed,
+                     so each block of keys is read once for all the heads sharing it, and the
+                     blocks go across threads; else 4 vectors of keys per block, rows across
+                     threads; without vector code, split the columns by 8 and unroll-and-jam
+                     the 8 (independent accumulators);
   row and elementwise kernels: vectorize an innermost loop if it can be, then the basic recipe;
   basic              parallelize the output loop with the most iterations known at compile time
                      (>= 16), else the outermost symbolic one, unrolled and jammed by 8, 4 or 2.
@@ -28,8 +34,10 @@ legal points for the tuner (nanocompile/tune), which measures them on the machin
 """
 from __future__ import annotations
 
+import math
+
 from ..loopir.affine import linear
-from ..loopir.ir import AccInit, AccUpdate, IConst, Kernel, Loop, Var
+from ..loopir.ir import AccInit, AccUpdate, IConst, Kernel, Loop, Poly, Var
 from ..loopir.traverse import find_loop, loads, loops
 from .apply import apply, first_legal, is_legal
 from .directives import (DotProduct, LaneReduce, Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam,
@@ -45,7 +53,7 @@ TILES = {16: (6, 24), 8: (4, 12)}
 # |x| and sign; AVX2: 2 rows x 2 column vectors x 2 = 8 of 16.
 TILES_INT8 = {16: (3, 24), 8: (2, 8)}
 NARROW_LANES, NARROW_OFFSET = 16, 16  # 5-bit weights: 16-lane dot products, values in [-16, 15] stored + 16
-ATTENTION_ROWS = 8  # query rows unrolled and jammed in attention
+ATTENTION_ROWS = 8  # query rows unrolled and jammed in attention when they are not a multiple of a group
 SCORE_VECTORS = 4   # vectors of keys per block of stored keys (independent sums in attention's scores)
 
 # the tuner's grid per kernel class; the pack block of a projection follows its columns (lanes x
@@ -53,7 +61,7 @@ SCORE_VECTORS = 4   # vectors of keys per block of stored keys (independent sums
 KNOBS = {
     "projection": {"columns": (1, 2, 4, 8), "rows": (0, 1, 2, 3, 4, 5, 6, 7, 8)},
     "int8 projection": {"columns": (1, 2, 4), "rows": (0, 1, 2, 3, 4, 6, 8, 12)},
-    "activation product": {"rows": (1, 2, 4, 8, 16)},
+    "activation product": {"rows": (1, 2, 4, 8, 16), "columns": (1, 2, 4)},  # and the row group, if any
     "symbolic columns": {"split": (2, 4, 8, 16), "vectors": (1, 2, 4, 8)},  # vectors: of keys in state
     "row or elementwise": {"vector": (True, False), "unroll": (1, 2, 4, 8)},
 }
@@ -111,9 +119,14 @@ def _candidates(k: Kernel, lanes: int, weights: frozenset, state: frozenset = fr
         if lanes and packed and isinstance(reduction.extent, IConst):
             yield from _projection(k, col, row, reduction, lanes, packed)
         if lanes and not packed and row is not None and isinstance(col.extent, IConst):
-            yield from _activation_product(col, row, lanes)
+            yield from _activation_product(k, col, row, lanes)
         if row is not None and not isinstance(col.extent, IConst):
             keys = stored_rows(col, reduction, state)
+            if lanes and keys and row_group(row):
+                heads = group_loop(k, row)
+                if heads:
+                    yield symbolic_columns(col, row, lanes, lanes, keys, row_group(row), heads)
+                yield symbolic_columns(col, row, lanes, lanes, keys, row_group(row))
             if lanes and keys:
                 yield symbolic_columns(col, row, SCORE_VECTORS * lanes, lanes, keys)
             yield symbolic_columns(col, row, 8)
@@ -214,29 +227,75 @@ def block_projection(col: Loop, row, blocks: Loop, products: Loop, lanes: int, q
     return head + tile + [Parallel(col.var)]
 
 
-def _activation_product(col: Loop, row: Loop, lanes: int):
+def row_group(row: Loop) -> int:
+    """The constant factor of a symbolic row extent, 2 to ATTENTION_ROWS (7*seq: the query heads
+    that share one key-value head), or 0."""
+    if not isinstance(row.extent, Poly):
+        return 0
+    group = math.gcd(*row.extent.expr.terms.values())
+    return group if 2 <= group <= ATTENTION_ROWS else 0
+
+
+def group_loop(k: Kernel, row: Loop) -> str | None:
+    """The outermost constant loop of 2 or more iterations around the rows (the key-value heads),
+    or None."""
+    outer = find_loop(k.body, row.var)[1]
+    return next((lp.var for lp in outer if lp.is_output and isinstance(lp.extent, IConst) and lp.extent.value >= 2),
+                None)
+
+
+def _has_tail(extent, factor: int) -> bool:
+    """Whether Split(loop, factor) leaves a tail loop (loops.split)."""
+    if isinstance(extent, IConst):
+        return extent.value % factor != 0
+    return not (isinstance(extent, Poly) and extent.expr.divided(factor) is not None)
+
+
+def _activation_product(k: Kernel, col: Loop, row: Loop, lanes: int):
+    group, heads = row_group(row), group_loop(k, row)
+    if group:
+        vectors = col.extent.value // lanes
+        columns = max(c for c in KNOBS["activation product"]["columns"]
+                      if vectors % c == 0 and c * group <= TILES[lanes][1])
+        if heads:
+            yield activation_product(col, row, lanes, group, columns, heads)
+        yield activation_product(col, row, lanes, group, columns)
     yield activation_product(col, row, lanes, ATTENTION_ROWS)
     yield activation_product(col, row, lanes, 1)
 
 
-def activation_product(col: Loop, row: Loop, lanes: int, rows: int) -> list:
-    """Vector columns, `rows` rows inside them unrolled and jammed, rows across threads."""
+def activation_product(col: Loop, row: Loop, lanes: int, rows: int, columns: int = 1,
+                       heads: str | None = None) -> list:
+    """Vector columns, `columns` of them and `rows` rows inside them unrolled and jammed; the
+    loop `heads` across threads, else the rows."""
     r = row.var
+    head = [Vectorize(col.var, lanes)] + ([UnrollJam(col.var, columns)] if columns > 1 else [])
     if rows == 1:
-        return [Vectorize(col.var, lanes), Parallel(r)]
-    return [Vectorize(col.var, lanes), Reorder(r, col.var), Split(r, rows), UnrollJam(r + "i", rows),
-            Parallel(r + "o"), Parallel(r + "t")]
+        return head + [Parallel(heads or r)]
+    spread = [Parallel(heads)] if heads else \
+        [Parallel(r + "o")] + ([Parallel(r + "t")] if _has_tail(row.extent, rows) else [])
+    return head + [Reorder(r, col.var), Split(r, rows), UnrollJam(r + "i", rows)] + spread
 
 
-def symbolic_columns(col: Loop, row: Loop, split: int, lanes: int = 0, keys: dict | None = None) -> list:
+def symbolic_columns(col: Loop, row: Loop, split: int, lanes: int = 0, keys: dict | None = None,
+                     group: int = 0, heads: str | None = None) -> list:
     """Columns split by `split` and those unrolled and jammed (independent sums), rows across
     threads. With lanes: the split's columns are vectors of `lanes` consecutive columns, read from
-    state stored in blocks of `split` of its rows (keys: parameter -> its row, stored_rows())."""
+    state stored in blocks of `split` of its rows (keys: parameter -> its row, stored_rows()).
+    With a group (lanes, one vector per block): the rows inside the columns, `group` of them
+    jammed (one read of a block of keys for the group), the blocks across threads; and the loop
+    `heads` (the key-value heads) inside the blocks too, so a thread reads each block of keys
+    whole, front to back, rather than one head's part of every block and then the other's."""
     if not lanes:
         return [Split(col.var, split), UnrollJam(col.var + "i", split), Parallel(row.var)]
+    packs = [Pack(p, size, split) for p, size in sorted(keys.items())]
+    if group:
+        inside = [Reorder(heads, col.var)] if heads else []
+        return [Reorder(row.var, col.var)] + inside + [Split(col.var, split), Vectorize(col.var + "i", lanes)] + packs + \
+            [Split(row.var, group), UnrollJam(row.var + "i", group), Parallel(col.var + "o")] + \
+            ([Parallel(col.var + "t")] if _has_tail(col.extent, split) else [])
     unroll = [UnrollJam(col.var + "i", split // lanes)] if split > lanes else []
-    return [Split(col.var, split), Vectorize(col.var + "i", lanes)] + unroll + \
-        [Pack(p, size, split) for p, size in sorted(keys.items())] + [Parallel(row.var)]
+    return [Split(col.var, split), Vectorize(col.var + "i", lanes)] + unroll + packs + [Parallel(row.var)]
 
 
 def stored_rows(col: Loop, reduction: Loop, state: frozenset) -> dict:
@@ -271,7 +330,7 @@ def _basic(k: Kernel) -> tuple:
     elif const and max(const)[0] >= 16:
         var = max(const)[1]
     elif symbolic:
-        var = symbolic[0]
+        var = _heads_around(k, symbolic[0]) or symbolic[0]
     elif const and max(const)[0] >= 2:
         var = max(const)[1]
     else:
@@ -285,6 +344,20 @@ def _basic(k: Kernel) -> tuple:
             continue
     return (Parallel(var),)
 
+
+
+def _heads_around(k: Kernel, var: str) -> str | None:
+    """The outermost constant loop of 2 to 15 iterations around the symbolic loop var (attention's
+    key-value heads around its rows), if it may run in parallel: a decode step's rows are one, so
+    sharing them would leave every other thread idle."""
+    for lp in find_loop(k.body, var)[1]:
+        if lp.is_output and isinstance(lp.extent, IConst) and lp.extent.value >= 2:
+            try:
+                check_parallel(k, Parallel(lp.var))
+                return lp.var
+            except ScheduleError:
+                return None
+    return None
 
 
 def _sharing_all_work(k: Kernel, var: str, symbolic: list[str]) -> str:
@@ -345,7 +418,11 @@ def search_space(k: Kernel, lanes: int, weights=frozenset(), state=frozenset(),
                   for c in grid["columns"] for r in grid["rows"]]
     elif cls == "activation product":
         col, row, _ = found
-        points = [({"rows": r}, activation_product(col, row, lanes, r)) for r in grid["rows"]]
+        group, heads = row_group(row), group_loop(k, row)
+        rows = grid["rows"] + ((group,) if group and group not in grid["rows"] else ())
+        points = [({"rows": r, "columns": c, "parallel": "heads" if h else "rows"},
+                   activation_product(col, row, lanes, r, c, h))
+                  for r in rows for c in grid["columns"] for h in ((None, heads) if heads else (None,))]
     elif cls == "symbolic columns":
         col, row, reduction = found
         points = [({"split": f, "vectors": 0}, symbolic_columns(col, row, f)) for f in grid["split"]]
@@ -353,6 +430,11 @@ def search_space(k: Kernel, lanes: int, weights=frozenset(), state=frozenset(),
         if lanes and keys:
             points += [({"split": u * lanes, "vectors": u}, symbolic_columns(col, row, u * lanes, lanes, keys))
                        for u in grid["vectors"]]
+            if row_group(row):
+                heads = group_loop(k, row)
+                points += [({"split": lanes, "vectors": 1, "group": row_group(row), "heads inside": h is not None},
+                            symbolic_columns(col, row, lanes, lanes, keys, row_group(row), h))
+                           for h in ((None, heads) if heads else (None,))]
     else:
         inner = next((lp.var for lp in loops(k.body) if lp.is_output and not any(isinstance(s, Loop) for s in lp.body)),
                      None)
