@@ -22,13 +22,7 @@
     /* x in every lane: GCC broadcasts a scalar operand, and x - 0 is x exactly (also -0 and NaN), \
      * so it folds to one vbroadcastss. (A loop storing lane by lane compiled to 16 masked loads   \
      * next to FMA: 12x slower prefill.) */                                                        \
-    static inline nc_f32x##L nc_splat##L(float x) { return x - (nc_f32x##L){0}; }                  \
-    static inline nc_f32x##L nc_max_nan##L(nc_f32x##L acc, nc_f32x##L v)                            \
-    {                                                                                               \
-        for (int l = 0; l < L; ++l)                                                                 \
-            acc[l] = nc_max_nan(acc[l], v[l]);                                                      \
-        return acc;                                                                                 \
-    }
+    static inline nc_f32x##L nc_splat##L(float x) { return x - (nc_f32x##L){0}; }
 
 #define NC_LANEWISE(L, f)                                          \
     static inline nc_f32x##L nc_##f##L(nc_f32x##L v)               \
@@ -51,6 +45,19 @@
     static inline nc_f32x##L nc_select##L(nc_i32x##L m, nc_f32x##L a, nc_f32x##L b)                   \
     {                                                                                               \
         return (nc_f32x##L)(((nc_i32x##L)a & m) | ((nc_i32x##L)b & ~m));                            \
+    }                                                                                               \
+    /* nc_max_nan in every lane: v where v > acc or v is NaN, else acc */                           \
+    static inline nc_f32x##L nc_max_nan##L(nc_f32x##L acc, nc_f32x##L v)                            \
+    {                                                                                               \
+        return nc_select##L((v > acc) | (v != v), v, acc);                                          \
+    }                                                                                               \
+    /* first, first + 1, ..., first + L - 1: the positions of a vector's lanes */                   \
+    static inline nc_i32x##L nc_lane_index##L(int32_t first)                                         \
+    {                                                                                               \
+        nc_i32x##L v;                                                                               \
+        for (int l = 0; l < L; ++l)                                                                 \
+            v[l] = first + l;                                                                       \
+        return v;                                                                                   \
     }                                                                                               \
     static inline nc_i32x##L nc_load_i8_##L(const int8_t *p)                                          \
     {                                                                                               \

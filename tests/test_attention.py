@@ -56,7 +56,9 @@ def test_values_are_read_once_per_group_of_heads(march, lanes):
 def test_softmax_computes_each_exp_once():
     m = compile_model(CFG)
     softmax = [k for k in m.kernels.values() if "pastpseq" in k.name and k.name.startswith("rowreduce")]
-    exps = {k.name: sum(1 for n in walk(k.body) if isinstance(n, Un) and n.op == "exp") for k in softmax}
+    # counted in the kernels as fusion wrote them (a schedule's split copies the loop: a vector
+    # part and a scalar tail, each element still in one of them)
+    exps = {k.name: sum(1 for n in walk(k.lowered or k.body) if isinstance(n, Un) and n.op == "exp") for k in softmax}
     assert sorted(exps.values()) == [0, 1], exps  # one kernel computes and stores them, one reads them
 
 

@@ -185,6 +185,8 @@ class VectorC:
                 return True
             if isinstance(n, Acc) and n.name in self.vectors:
                 return True
+            if isinstance(n, Lane):  # the lanes' positions (vector.lane_position)
+                return True
         return False
 
     def vtype(self, dtype: str) -> str:
@@ -218,6 +220,12 @@ class VectorC:
                 return f"nc_i32_to_f32_{self.lanes}(nc_load_i8_{self.lanes}({self.address(e.a.param, e.a.index)}))"
             if (source, e.dtype) == ("f16", "f32"):
                 return f"nc_load_f16_{self.lanes}({self.address(e.a.param, e.a.index)})"
+        if isinstance(e, Cast) and e.dtype == "i32" and not any(isinstance(n, Load) for n in walk(e.a)):
+            terms, const = linear(e.a)  # int32(i + lane): vector.lane_position
+            first = build({a: n for a, n in terms.items() if a != Lane()}, const)
+            return f"nc_lane_index{self.lanes}((int32_t){c(first, False)})"
+        if isinstance(e, Bin) and e.op in ("<", "<="):  # int32 lanes compared: a mask of all ones or zeros
+            return wrap(f"{self.splat(e.a)} {e.op} {self.splat(e.b)}")
         if isinstance(e, Cast) and (dtype_of(e.a, self.dtypes), e.dtype) == ("i32", "f32"):
             return f"nc_i32_to_f32_{self.lanes}({self.expr(e.a)})"
         if isinstance(e, Dot):  # one operand the same in every lane (x), the other in groups (w)

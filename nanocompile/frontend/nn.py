@@ -157,7 +157,10 @@ def attention(b: GraphBuilder, q: int, k: int, v: int, mask: int, kv_heads: int)
     scores = b.mul(scores, fill(b, float(scale), [kv_heads, group * seq, total]))
     scores = b.reshape(scores, [kv_heads, group, seq, total])
     full = [kv_heads, group, seq, total]
-    scores = b.where(expand(b, mask, [1, 1, seq, total], full), scores, fill(b, float("-inf"), full))
+    # the mask adds 0 or -inf (after softmax's exp the same numbers as selecting the score or
+    # -inf): a select between two constants, which vector lanes evaluate both sides of safely
+    bias = b.where(mask, fill(b, 0.0, [seq, total]), fill(b, float("-inf"), [seq, total]))
+    scores = b.add(scores, expand(b, bias, [1, 1, seq, total], full))
     probs = b.reshape(softmax(b, scores), [kv_heads, group * seq, total])
     context = b.matmul(probs, v)
     return b.reshape(context, [heads, seq, d])

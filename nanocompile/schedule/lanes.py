@@ -5,6 +5,7 @@ A reduction over r of max(acc, t(r)) becomes, with L lanes:
     acc_lanes: f32xL = -inf
     vector(L) reduce r in 0..extent / L:  acc_lanes = max(acc_lanes, t(r * L + lane))
     acc = max(acc, lane_max(acc_lanes))
+    reduce rt in 0..extent % L:  acc = max(acc, t(extent / L * L + rt))   (a symbolic extent)
 
 Lane l keeps the maximum of terms l, l + L, ...; lane_max halves the lanes to one (L/2 pairs,
 then L/4, ...: a few vector instructions, where a fold in lane order is L dependent steps). The maximum
@@ -22,7 +23,7 @@ from ..loopir.affine import linear
 from ..loopir.ir import Acc, AccInit, AccUpdate, Bin, FConst, IConst, Kernel, Lane, LaneMax, Load, Select, Var
 from ..loopir.traverse import contains, find_loop, loads, replace, substitute, walk
 from .directives import LaneReduce, ScheduleError
-from .vector import TARGET_LANES
+from .vector import TARGET_LANES, lane_comparison
 
 
 def lane_reduce(k: Kernel, d: LaneReduce) -> tuple:
@@ -34,8 +35,9 @@ def lane_reduce(k: Kernel, d: LaneReduce) -> tuple:
         raise ScheduleError(f"{k.name}: {d.loop!r} is an output loop; LaneReduce runs a reduction's terms")
     if d.lanes not in TARGET_LANES:
         raise ScheduleError(f"{k.name}: {d.lanes} lanes; the targets have 8 (AVX2) or 16 (AVX-512)")
-    if not isinstance(loop.extent, IConst) or loop.extent.value % d.lanes:
-        raise ScheduleError(f"{k.name}: loop {d.loop!r} is not a known multiple of {d.lanes} iterations")
+    if isinstance(loop.extent, IConst) and loop.extent.value % d.lanes:
+        raise ScheduleError(f"{k.name}: loop {d.loop!r} of {loop.extent.value} iterations is not a multiple of "
+                            f"{d.lanes}")
     if loop.lanes or loop.parallel or any(lp.lanes or lp.parallel for lp in outer):
         raise ScheduleError(f"{k.name}: loop {d.loop!r} is in or is a vector or parallel loop; LaneReduce comes "
                             f"first")
@@ -46,10 +48,19 @@ def lane_reduce(k: Kernel, d: LaneReduce) -> tuple:
     term = substitute(update.value, {d.loop: Bin("+", Bin("*", Var(d.loop), IConst(d.lanes)), Lane())})
     _check_term(k, term, dtypes)
     partial = f"{update.name}_lanes"
-    vector = dataclasses.replace(loop, extent=IConst(loop.extent.value // d.lanes), lanes=d.lanes,
-                                 body=(AccUpdate(partial, term, "max"),))
-    return replace(k.body, loop, (AccInit(partial, "f32", FConst(float("-inf")), d.lanes), vector,
-                                  AccUpdate(update.name, LaneMax(Acc(partial), d.lanes), "max")))
+    if isinstance(loop.extent, IConst):
+        vectors, tail = IConst(loop.extent.value // d.lanes), None
+    else:  # a symbolic extent: whole vectors, then the terms left over, scalar (max's order is free)
+        vectors, tail = Bin("/", loop.extent, IConst(d.lanes)), Bin("%", loop.extent, IConst(d.lanes))
+    vector = dataclasses.replace(loop, extent=vectors, lanes=d.lanes, body=(AccUpdate(partial, term, "max"),))
+    out = (AccInit(partial, "f32", FConst(float("-inf")), d.lanes), vector,
+           AccUpdate(update.name, LaneMax(Acc(partial), d.lanes), "max"))
+    if tail is not None:
+        rest = d.loop + "t"
+        start = Bin("*", vectors, IConst(d.lanes))
+        out += (dataclasses.replace(loop, var=rest, extent=tail, body=substitute(
+            loop.body, {d.loop: Bin("+", start, Var(rest))})),)
+    return replace(k.body, loop, out)
 
 
 def _check_term(k: Kernel, term, dtypes: dict) -> None:
@@ -61,10 +72,25 @@ def _check_term(k: Kernel, term, dtypes: dict) -> None:
         if stride not in (0, 1) or (stride and dtypes[ld.param] != "f32"):
             raise ScheduleError(f"{k.name}: the lanes would read {ld.param} with stride {stride}; LaneReduce "
                                 f"reads float32 at consecutive elements")
-    for n in walk(term, descend=lambda n: not isinstance(n, Load)):
-        if isinstance(n, Select) and contains(n.cond, Lane):
-            if not set(loads(n.a)) | set(loads(n.b)) <= set(loads(n.cond)):
-                raise ScheduleError(f"{k.name}: a select on a lane-dependent condition reads what its condition "
-                                    f"did not")
-        elif isinstance(n, Lane):
-            raise ScheduleError(f"{k.name}: integer arithmetic that differs between lanes has no vector form here")
+    _check_selects(k, term)
+
+
+def _check_selects(k: Kernel, e) -> None:
+    """Selects on a lane-dependent condition: the condition compares float32 lanes (read) or the
+    lanes' positions (vector.lane_comparison, a causal mask); the operands read nothing the
+    condition did not."""
+    if isinstance(e, Load):
+        return
+    if isinstance(e, Select) and contains(e.cond, Lane):
+        if not set(loads(e.a)) | set(loads(e.b)) <= set(loads(e.cond)):
+            raise ScheduleError(f"{k.name}: a select on a lane-dependent condition reads what its condition "
+                                f"did not")
+        if not lane_comparison(e.cond):
+            _check_selects(k, e.cond)
+        for operand in (e.a, e.b):
+            _check_selects(k, operand)
+        return
+    if isinstance(e, Lane):
+        raise ScheduleError(f"{k.name}: integer arithmetic that differs between lanes has no vector form here")
+    for child in e.children():
+        _check_selects(k, child)

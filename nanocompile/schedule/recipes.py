@@ -134,8 +134,16 @@ def _candidates(k: Kernel, lanes: int, weights: frozenset, state: frozenset = fr
         yield from _lane_reductions(k, lanes)
         for lp in loops(k.body):
             if lp.is_output and not any(isinstance(s, Loop) for s in lp.body):
-                yield [Vectorize(lp.var, lanes)] + list(_basic(k))
+                yield _vectorized(lp, lanes) + list(_basic(k))
     yield list(_basic(k))
+
+
+def _vectorized(lp: Loop, lanes: int) -> list:
+    """Vector code for an innermost output loop; a symbolic one (a softmax row over every stored
+    key) is split first: whole vectors, then a scalar tail."""
+    if isinstance(lp.extent, IConst):
+        return [Vectorize(lp.var, lanes)]
+    return [Split(lp.var, lanes), Vectorize(lp.var + "i", lanes)]
 
 
 def _lane_reductions(k: Kernel, lanes: int):
@@ -150,7 +158,7 @@ def _lane_reductions(k: Kernel, lanes: int):
         return
     for lp in loops(after.body):
         if lp.is_output and not lp.lanes and not any(isinstance(s, Loop) for s in lp.body):
-            yield head + [Vectorize(lp.var, lanes)] + list(_basic(after))
+            yield head + _vectorized(lp, lanes) + list(_basic(after))
     yield head + list(_basic(after))
 
 

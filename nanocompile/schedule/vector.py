@@ -4,9 +4,11 @@ The loop variable i becomes i * lanes + lane. Each lane then computes what its i
 by the same operations in the same order, so vector code is bitwise equal to scalar code. What
 has no exact vector form is refused rather than approximated:
   - a value carried across lanes (a reduction over the vectorized loop);
-  - integer arithmetic that differs between lanes (a lane-dependent comparison, cast or index
-    that is not linear in the lane), including a select on a lane-dependent condition, whose
-    lanes would evaluate both operands, one of them possibly out of bounds;
+  - integer arithmetic that differs between lanes (a lane-dependent cast or index that is not
+    linear in the lane), but for a select on a comparison of the lanes' positions with a value
+    the same in every lane (a causal mask): lanes compare as int32 and choose by a bit select,
+    provided both operands read no memory (every lane evaluates both: one that reads could
+    read out of bounds);
   - a store whose lanes do not write consecutive elements, and stores that are not float32
     (or int8 converted from a float32 value).
 Lanes hold float32 or int32: an int8 load is widened to int32 and a float16 load to float32 as
@@ -55,19 +57,46 @@ def _uniform_division(n, lanes: int):
     return uniform if n.op == "/" else Bin("+", uniform, Lane())
 
 
+def lane_position(e) -> bool:
+    """e is int32(i + lane) with i the same in every lane: the lanes' own positions, an int32
+    vector of consecutive values (nc_lane_index)."""
+    if not (isinstance(e, Cast) and e.dtype == "i32"):
+        return False
+    terms, _ = linear(e.a)
+    return terms.get(Lane()) == 1 and not any(contains(a, Lane) for a in terms if a != Lane())
+
+
+def lane_comparison(e) -> bool:
+    """e compares the lanes' positions with a value the same in every lane (a causal mask's
+    key <= query): each lane's comparison is the scalar one, as an int32 mask."""
+    return isinstance(e, Bin) and e.op in ("<", "<=") and any(lane_position(x) for x in (e.a, e.b)) and \
+        all(lane_position(x) or not contains(x, Lane) for x in (e.a, e.b))
+
+
 def _check_value(k: Kernel, e, dtypes: dict) -> None:
-    """A value computed in a vector loop: lanes may differ only through loads."""
-    for n in walk(e, descend=lambda n: not isinstance(n, Load)):  # an index may use the lane
-        if isinstance(n, Load):
-            if lane_stride(k, n.param, n.index) and dtypes[n.param] not in ("f32", "i8", "f16"):
-                raise ScheduleError(f"{k.name}: {n.param} holds {dtypes[n.param]}, and only float32, int8 and "
-                                    f"float16 lanes are vectorized")
-        elif isinstance(n, Select) and contains(n.cond, Lane):
+    """A value computed in a vector loop: lanes may differ only through loads and through
+    selects on a comparison of the lanes' positions between values that read no memory (every
+    lane evaluates both operands: one that reads could read out of bounds)."""
+    if isinstance(e, Load):  # an index may use the lane
+        if lane_stride(k, e.param, e.index) and dtypes[e.param] not in ("f32", "i8", "f16"):
+            raise ScheduleError(f"{k.name}: {e.param} holds {dtypes[e.param]}, and only float32, int8 and "
+                                f"float16 lanes are vectorized")
+        return
+    if isinstance(e, Select) and contains(e.cond, Lane):
+        if loads(e.a) or loads(e.b):
             raise ScheduleError(f"{k.name}: a select on a lane-dependent condition: its lanes would evaluate "
-                                f"both operands, and one may be out of bounds")
-        elif isinstance(n, Lane):
-            raise ScheduleError(f"{k.name}: integer arithmetic that differs between lanes has no exact "
-                                f"vector form here")
+                                f"both operands, and one may read out of bounds")
+        if not lane_comparison(e.cond):
+            raise ScheduleError(f"{k.name}: a select on a lane-dependent condition other than a comparison of "
+                                f"the lanes' positions")
+        for operand in (e.a, e.b):
+            _check_value(k, operand, dtypes)
+        return
+    if isinstance(e, Lane):
+        raise ScheduleError(f"{k.name}: integer arithmetic that differs between lanes has no exact "
+                            f"vector form here")
+    for child in e.children():
+        _check_value(k, child, dtypes)
 
 
 def _int8_of_float(s: Store, dtypes: dict) -> bool:
