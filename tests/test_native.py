@@ -73,9 +73,12 @@ def tiny_types(cfg) -> dict[str, str]:
 
 
 FALLBACKS = {"model.layers.1.mlp.down_proj.weight": "Q4_1", "model.layers.1.mlp.up_proj.weight": "F32"}
-# in 5 bits where the target can: 5-bit formats in both layers (the untied embedding is only gathered)
-NARROW = sorted(f"model.layers.{i}.{name}.weight.qs" for i in (0, 1)
-                for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.o_proj", "mlp.gate_proj"))
+# in 5 bits where the target can: every 5-bit format (the untied embedding is only gathered). Layer
+# 0's up and down projections are too: their kernels are split by storage from layer 1's, whose
+# up and down projections fall back to 8 bits (schedule/program.split_by_storage)
+NARROW = sorted([f"model.layers.{i}.{name}.weight.qs" for i in (0, 1)
+                 for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.o_proj", "mlp.gate_proj")] +
+                [f"model.layers.0.{name}.weight.qs" for name in ("mlp.up_proj", "mlp.down_proj")])
 
 
 def five_bits_here() -> bool:
@@ -139,6 +142,8 @@ def test_native_library_is_bitwise_its_unscheduled_build_and_the_interpreter(tin
     interp = InterpreterSession(model.config, model.weights, n_ctx=128, precision="native")
     assert interp.order == library_order()
     assert sorted(compiled.module.narrow_weights) == (NARROW if five_bits_here() else [])
+    split = sorted(n for n in compiled.module.kernels if n.endswith("_5bit"))  # layer 0's SwiGLU pair and down
+    assert len(split) == (2 if five_bits_here() else 0), split
     assert ("nc_dot4u5_16(" in (compiled.lib.path.parent / "model.c").read_text()) == five_bits_here()
     runs = [[s.step(ids, all_logits=True)] + [s.step([t]) for t in (5, 6, 7)] for s in (compiled, plain, interp)]
     for other in runs[1:]:
@@ -372,7 +377,9 @@ def test_real_native_packed_size(real_model, monkeypatch):
     print(f"packed native {size} B ({len(session.module.narrow_weights)} matrices in 5 bits), 8-bit form "
           f"{eight_bit + HEADER_BYTES} B, GGUF {gguf_size} B: {size / gguf_size:.3f}x")
     if five_bits_here():
-        # q, k, o, gate, up in 24 layers (v is Q8_0 in 12 layers: its kernel keeps 8 bits; the
-        # embedding is only gathered here, the file having its own Q8_0 output weight)
-        assert len(session.module.narrow_weights) == 120
+        # q, k, o, gate, up in 24 layers and v in the 12 where it is Q5_0 (its kernel is split by
+        # storage from the Q8_0 layers'); the embedding is only gathered here, the file having its
+        # own Q8_0 output weight
+        assert len(session.module.narrow_weights) == 132
+        assert sum(name.endswith("v_proj.weight.qs") for name in session.module.narrow_weights) == 12
         assert size <= 1.2 * gguf_size

@@ -39,6 +39,30 @@ def _bound(kernels: dict[str, Kernel], programs, test) -> dict[str, frozenset]:
     return {name: frozenset(p for p, ok in flags.items() if ok) for name, flags in seen.items()}
 
 
+def split_by_storage(kernels: dict[str, Kernel], programs, narrow: set) -> None:
+    """A kernel called on 5-bit weights in some calls and on 8-bit ones in others (a GGUF whose
+    v_proj is Q5_0 in some layers and Q8_0 in others) becomes one kernel per storage: the calls on
+    5-bit weights go to a copy named <name>_5bit, so they can read their weights so, and the other
+    calls keep the kernel."""
+    for name, k in list(kernels.items()):
+        calls = [(prog, i, tuple(b in narrow for b in call.args))
+                 for prog in programs for i, call in enumerate(prog.calls) if call.kernel == name]
+        kinds = {kind for _, _, kind in calls}
+        if len(kinds) < 2:
+            continue
+        for n, kind in enumerate(sorted(kinds - {(False,) * len(k.params)})):
+            copy = dataclasses.replace(k, name=f"{name}_5bit" + (f"{n + 1}" if n else ""))
+            kernels[copy.name] = copy
+            for prog, i, _ in (c for c in calls if c[2] == kind):
+                prog.calls[i] = dataclasses.replace(prog.calls[i], kernel=copy.name)
+                prog.kernels[copy.name] = copy
+        for prog in programs:
+            if not any(call.kernel == name for call in prog.calls):
+                prog.kernels.pop(name, None)
+        if not any(call.kernel == name for prog in programs for call in prog.calls):
+            del kernels[name]
+
+
 def kernel_digest(k: Kernel) -> str:
     """Identifies what a kernel computes before its schedule (its loop IR as lowered, with its
     name): the key a tuned schedule is stored under. A scheduled kernel gives its lowered form's."""
@@ -78,8 +102,10 @@ def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=No
     where it applies instead of the recipe; dot_offset: the recipes' int8 weight offset
     (target.dot_weight_offset); narrow: weight buffers whose values fit 5 bits, kept so by the
     recipes where every kernel reading one takes it so (a tied embedding's gather does not: such
-    a buffer stays 8-bit)."""
+    a buffer stays 8-bit); a kernel called on both 5-bit and 8-bit weights is split in two first
+    (split_by_storage)."""
     programs = list(programs)
+    split_by_storage(kernels, programs, set(narrow))
     weights = weight_params(kernels, programs)
     state = weight_params(kernels, programs, "state")
     unpackable: set[str] = set()  # state buffers a kernel cannot read in blocks: they stay position-major
