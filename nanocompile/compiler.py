@@ -37,7 +37,7 @@ from .loopir.separate import separate
 from .passes.cse import cse
 from .passes.fold import fold_constants
 from .passes.fusion import plan_fusion
-from .schedule.program import kernel_digest, schedule_program
+from .schedule.program import kernel_digest, schedule_program, tuned_map
 from .signature import Signature, StepProgram, identifier, weight_buffer
 from .target import detect_march, dot_weight_offset, has_fma, vector_lanes
 from .version import GENERATOR
@@ -57,7 +57,7 @@ class Options:
     lanes: int | None = None         # vector lanes for the recipes; None: the march's
     choose: Callable | None = None   # kernel -> directives, replacing the recipes (tests)
     fma: bool | None = None          # matmul sums as fused multiply-adds; None: if the march has FMA
-    tuned: tuple = ()                # (kernel digest, directives) pairs measured on this CPU (nanocompile/tune)
+    tuned: tuple = ()                # (kernel digest, directives[, recipe]) measured on this CPU (nanocompile/tune)
     narrow: tuple = ()               # int8 weights whose values fit 5 bits (a GGUF's Q5_0): kept so where the target can
 
 
@@ -107,7 +107,7 @@ def run_separate(c: Compilation) -> None:
 def run_schedule(c: Compilation) -> None:
     names = set(c.options.narrow)
     narrow = frozenset(weight_buffer(w.cname) for w in c.signature.weights if w.name in names)
-    c.packed = schedule_program(c.kernels, c.programs.values(), c.lanes, c.options.choose, dict(c.options.tuned),
+    c.packed = schedule_program(c.kernels, c.programs.values(), c.lanes, c.options.choose, tuned_map(c.options.tuned),
                                 dot_weight_offset(c.options.march), narrow)
 
 
@@ -218,8 +218,17 @@ class Module:
     @property
     def tuned_kernels(self) -> list[str]:
         """The kernels whose schedule was measured on this machine rather than a recipe's."""
-        table = dict(self.options.tuned)
-        return [name for name, k in self.kernels.items() if table.get(kernel_digest(k)) == k.schedule]
+        table = tuned_map(self.options.tuned)
+        return [name for name, k in self.kernels.items()
+                if kernel_digest(k) in table and table[kernel_digest(k)][0] == k.schedule]
+
+    @property
+    def stale_tuned_kernels(self) -> list[str]:
+        """Kernels with a measured schedule that is not used: measured against a recipe that has
+        changed since (or no longer legal). `nanocompile tune` measures them again."""
+        table = tuned_map(self.options.tuned)
+        return [name for name, k in self.kernels.items()
+                if kernel_digest(k) in table and table[kernel_digest(k)][0] != k.schedule]
 
     @property
     def weights_bytes(self) -> int:

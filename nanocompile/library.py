@@ -170,6 +170,9 @@ class CompiledSession:
                                     narrow=narrow_weights(weights, precision))
         if progress and self.module.tuned_kernels:
             _say(f"using {len(self.module.tuned_kernels)} schedules tuned on this CPU ({tuned_store(march)})")
+        if progress and self.module.stale_tuned_kernels:
+            _say(f"{len(self.module.stale_tuned_kernels)} schedules tuned on this CPU were measured against recipes "
+                 f"that have changed since: the recipes run instead (nanocompile tune measures them again)")
         lib_path, manifest = library or find_or_build(self.module, _say if progress else None)
         self.lib = Library(lib_path, manifest["prefix"])
         check_fingerprint(self.lib, self.module)

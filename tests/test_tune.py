@@ -172,7 +172,7 @@ def test_a_tuned_library_differs_in_code_not_in_one_bit(tmp_path, monkeypatch, p
     path = store.store_path(march)
     store.save(path, {"format": store.FORMAT, "kernels": {job.name: {"digest": table[0][0],
                                                                      "use": store.schedule_text(other)}}})
-    assert store.tuned_table(march) == table
+    assert store.tuned_table(march) == ((table[0][0], other, None),)  # no recipe recorded: no check
     weights = random_weights(CFG)
     ids = [5, 17, 42, 7, 99, 3]
     rows = {}
@@ -183,6 +183,23 @@ def test_a_tuned_library_differs_in_code_not_in_one_bit(tmp_path, monkeypatch, p
         rows[tuned] = np.concatenate([o.ravel() for o in out])
         s.close()
     assert np.array_equal(rows[True].view(np.uint32), rows[False].view(np.uint32))
+
+
+def test_a_schedule_measured_against_another_recipe_is_not_used():
+    """A winner beat the recipe of its day: once the recipe has changed (or differs for this
+    build, a 5-bit weight's), the measured schedule says nothing about it, so the recipe runs and
+    the module lists the kernel as stale."""
+    jobs, _ = model_jobs(CFG, precision="int8")
+    job = max((j for j in jobs if j.klass == "int8 projection"), key=lambda j: len(j.schedules))
+    name = job.name.removesuffix(" (int8)")
+    other, recipe = job.schedules[job.order[-1]], job.schedules[job.recipe]
+    older = job.schedules[job.order[0]]  # a recipe this kernel no longer has
+    current = compile_model(CFG, precision="int8", tuned=((kernel_digest(job.kernel), other, recipe),))
+    assert current.tuned_kernels == [name] and current.stale_tuned_kernels == []
+    stale = compile_model(CFG, precision="int8", tuned=((kernel_digest(job.kernel), other, older),))
+    assert stale.tuned_kernels == [] and stale.stale_tuned_kernels == [name]
+    assert stale.kernels[name].schedule == recipe
+    assert stale.fingerprint_hash == compile_model(CFG, precision="int8").fingerprint_hash
 
 
 # the command ---------------------------------------------------------------------------------------

@@ -59,9 +59,13 @@ def cmd_compile(args) -> int:
     if module.tuned_kernels:
         print(f"schedules {len(module.tuned_kernels)} of {len(module.kernels)} kernels tuned on this CPU "
               f"({tuned_store(args.march)}), the rest from the recipes")
-    else:
+    elif not module.stale_tuned_kernels:
         print("schedules the recipes" + ("" if args.no_tuned else " (no tuned schedules for this CPU: "
                                           "`nanocompile tune` measures them)"))
+    if module.stale_tuned_kernels:
+        print(f"{len(module.stale_tuned_kernels)} tuned schedules not used: measured against recipes that have "
+              f"changed since (`nanocompile tune` measures them again)" + ("" if module.tuned_kernels else
+                                                                          "; schedules the recipes"))
     return 0
 
 

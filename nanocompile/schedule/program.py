@@ -70,10 +70,20 @@ def kernel_digest(k: Kernel) -> str:
     return hashlib.sha256(format_kernel(lowered).encode()).hexdigest()[:20]
 
 
+def tuned_map(tuned) -> dict:
+    """kernel digest -> (the measured schedule, the recipe it was measured against or None), from
+    (digest, schedule) pairs or (digest, schedule, recipe) triples (tune/store.tuned_table)."""
+    return {entry[0]: (tuple(entry[1]), tuple(entry[2]) if len(entry) > 2 and entry[2] is not None else None)
+            for entry in tuned or ()}
+
+
 def _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, unpackable, dot_offset,
                      narrow=None) -> dict:
     """Each kernel's measured schedule where one applies, else its recipe; state parameters bound
-    to an unpackable buffer in some call are not offered to the recipes for blocks."""
+    to an unpackable buffer in some call are not offered to the recipes for blocks. A measured
+    schedule applies only while the recipe it beat is still the kernel's recipe: one measured
+    against an older recipe (or for another storage, a 5-bit weight's) says nothing about the
+    recipe now, so the recipe runs."""
     bound: dict[str, set] = {}
     for prog in programs:
         for call in prog.calls:
@@ -81,15 +91,16 @@ def _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, un
             bound.setdefault(call.kernel, set()).update(p.name for p, b in zip(k.params, call.args) if b in unpackable)
     schedules = {}
     for name, k in kernels.items():
-        measured = (tuned or {}).get(kernel_digest(k))
         blocked = state.get(name, frozenset()) - bound.get(name, set())
-        if measured is not None and is_legal(k, measured) and not (
+        recipe = tuple(choose(k) if choose else
+                       default_schedule(k, lanes, weights.get(name, ()), blocked, dot_offset,
+                                        (narrow or {}).get(name, ())))
+        measured, against = (tuned or {}).get(kernel_digest(k), (None, None))
+        if measured is not None and against in (None, recipe) and is_legal(k, measured) and not (
                 bound.get(name, set()) & {d.param for d in measured if isinstance(d, Pack)}):
-            schedules[name] = tuple(measured)
+            schedules[name] = measured
         else:
-            schedules[name] = tuple(choose(k) if choose else
-                                    default_schedule(k, lanes, weights.get(name, ()), blocked, dot_offset,
-                                                     (narrow or {}).get(name, ())))
+            schedules[name] = recipe
     return schedules
 
 
@@ -98,8 +109,8 @@ def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=No
                      narrow: frozenset = frozenset()) -> dict[str, tuple[int, int]]:
     """Schedules every kernel in place; returns buffer -> (row, block) for the packed weights.
     choose(kernel) -> directives replaces the recipes (tests use it to try other schedules);
-    tuned maps kernel_digest() to a schedule measured on this machine (nanocompile/tune), used
-    where it applies instead of the recipe; dot_offset: the recipes' int8 weight offset
+    tuned maps kernel_digest() to a schedule measured on this machine and the recipe it was
+    measured against (nanocompile/tune, tuned_map), used where it applies instead of the recipe; dot_offset: the recipes' int8 weight offset
     (target.dot_weight_offset); narrow: weight buffers whose values fit 5 bits, kept so by the
     recipes where every kernel reading one takes it so (a tied embedding's gather does not: such
     a buffer stays 8-bit); a kernel called on both 5-bit and 8-bit weights is split in two first

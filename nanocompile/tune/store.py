@@ -76,12 +76,14 @@ def save(path: Path, data: dict) -> None:
 
 
 def tuned_table(march: str, path: Path | None = None) -> tuple:
-    """(kernel digest, directives) for every kernel whose measured winner is in use on this CPU
-    and level: what compile_model(tuned=...) takes. Empty without tuning."""
+    """(kernel digest, directives, the recipe they were measured against) for every kernel whose
+    measured winner is in use on this CPU and level: what compile_model(tuned=...) takes (the
+    compiler uses a winner only while that recipe is still the kernel's). Empty without tuning."""
     path = path or store_path(march)
     data = load(path)
     try:
-        return tuple(sorted((entry["digest"], parse_schedule(entry["use"]))
+        return tuple(sorted((entry["digest"], parse_schedule(entry["use"]),
+                             parse_schedule(entry["recipe"]) if entry.get("recipe") is not None else None)
                             for entry in data["kernels"].values() if entry.get("use")))
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         note(f"{path}: damaged tuning results ({type(e).__name__}: {e}); ignored, the recipes' schedules are used")
