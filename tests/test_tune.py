@@ -261,8 +261,11 @@ def test_tune_refuses_an_unknown_precision_in_one_line(tiny, tmp_path):
 def test_tune_can_be_interrupted_and_keeps_what_it_measured(tiny, tmp_path):
     path, env, _ = tiny
     env = {**env, "NANOCOMPILE_CACHE": str(tmp_path)}
+    # Ctrl-C's default action in the child, whatever this suite inherited (a shell's background job
+    # ignores SIGINT, and so would the child: Python installs no KeyboardInterrupt handler then)
     p = subprocess.Popen([*NC, "tune", "-q", "-m", path, "--budget", "300"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env)
+                         stderr=subprocess.PIPE, text=True, env=env,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
     files = []
     while time.monotonic() < deadline and p.poll() is None:
