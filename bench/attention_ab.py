@@ -11,31 +11,43 @@ from __future__ import annotations
 import statistics
 import sys
 
-from bench.common import THREADS, append, machine
+from bench.common import THREADS, append
 from nanocompile.schedule import apply
+from nanocompile.target import vector_lanes
 from nanocompile.schedule.directives import Pack, Parallel, Reorder, Split, UnrollJam, Vectorize
 from nanocompile.tune.harness import KernelHarness, Shape
 from nanocompile.tune.tuner import model_jobs
 
-# the recipes' choices at stop 20 (AVX-512), by kernel name
-BEFORE = {
-    "matmul_mul_2x7": (Split("i2", 64), Vectorize("i2i", 16), UnrollJam("i2i", 4), Pack("p2", 128, 64), Parallel("i1")),
-    "rowreduce_exp_select_exp": (Parallel("i2"),),
-    "rowreduce_div": (Parallel("i2"),),
-    "matmul_store_2x7": (Vectorize("i2", 16), Reorder("i1", "i2"), Split("i1", 8), UnrollJam("i1i", 8),
-                         Parallel("i1o"), Parallel("i1t")),
-}
 ROUNDS = 7
+
+
+def before(lanes: int) -> dict:
+    """The recipes' choices at stop 20 for vectors of `lanes`, by kernel name."""
+    keys = 4 * lanes  # 4 vectors of keys per block
+    return {
+        "matmul_mul_2x7": (Split("i2", keys), Vectorize("i2i", lanes), UnrollJam("i2i", 4), Pack("p2", 128, keys),
+                           Parallel("i1")),
+        "rowreduce_exp_select_exp": (Parallel("i2"),),
+        "rowreduce_div": (Parallel("i2"),),
+        "matmul_store_2x7": (Vectorize("i2", lanes), Reorder("i1", "i2"), Split("i1", 8), UnrollJam("i1i", 8),
+                             Parallel("i1o"), Parallel("i1t")),
+    }
 
 
 def main() -> None:
     from nanocompile.models import load_model
 
-    depth = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
+    depth = sys.argv[1] if len(sys.argv) > 1 else "4096"
+    if not depth.isdigit() or int(depth) < 128 or int(depth) % 64:
+        raise SystemExit(f"attention_ab: depth {depth!r}: a multiple of 64 from 128 on (keys are packed in "
+                         f"blocks of up to 64 positions)")
+    depth = int(depth)
     cfg = load_model("default", progress=False).config
     jobs, march = model_jobs(cfg, None, "int8")
-    if march not in ("x86-64-v4", "x86-64-v4+vnni"):
-        raise SystemExit(f"the schedules before are AVX-512's; this CPU builds {march}")
+    lanes = vector_lanes(march)
+    if not lanes:
+        raise SystemExit(f"attention_ab: {march} has no vector code; the schedules compared are vector schedules")
+    BEFORE = before(lanes)
     shapes = [Shape("decode", 1, depth - 1), Shape("chunk", 64, depth - 64)]
     rows = []
     for job in jobs:
@@ -59,8 +71,7 @@ def main() -> None:
             rows.append({"kernel": job.name, "shape": shape.name, "seq": shape.seq, "past": shape.past,
                          "before_s": times[1], "now_s": times[2], "speedup": before / after,
                          "before": [str(d) for d in BEFORE[key]], "now": [str(d) for d in now]})
-    append({"bench": "attention_ab", "depth": depth, "threads": THREADS, "march": march, "machine": machine(),
-            "rows": rows})
+    append({"bench": "attention_ab", "depth": depth, "march": march, "rows": rows})
 
 
 if __name__ == "__main__":

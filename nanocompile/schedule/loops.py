@@ -42,6 +42,14 @@ def _whole_multiple(k: Kernel, loop: Loop, factor: int, hint: str = "") -> int:
 
 # Split ------------------------------------------------------------------------------------------
 
+def has_tail(extent, factor: int) -> bool:
+    """Whether Split by factor leaves a tail loop: not when the extent is a multiple, a constant
+    one or a polynomial whose every coefficient factor divides (7*seq by 7)."""
+    if isinstance(extent, IConst):
+        return extent.value % factor != 0
+    return not (isinstance(extent, Poly) and extent.expr.divided(factor) is not None)
+
+
 def split(k: Kernel, d: Split) -> tuple:
     loop, _ = output_loop(k, d.loop, "split")
     _not_parallel(k, loop, "Split")
@@ -56,7 +64,7 @@ def split(k: Kernel, d: Split) -> tuple:
             raise ScheduleError(f"{k.name}: loop {d.loop!r} has {loop.extent.value} iterations, fewer than "
                                 f"the split factor {d.factor}")
         tail_extent = IConst(rest) if rest else None
-    elif isinstance(loop.extent, Poly) and loop.extent.expr.divided(d.factor) is not None:
+    elif not has_tail(loop.extent, d.factor):
         whole, tail_extent = Poly(loop.extent.expr.divided(d.factor)), None  # 7*seq by 7: seq, no tail
     else:
         whole, tail_extent = Bin("/", loop.extent, f), Bin("%", loop.extent, f)

@@ -42,7 +42,7 @@ from ..loopir.traverse import find_loop, loads, loops
 from .apply import apply, first_legal, is_legal
 from .directives import (DotProduct, LaneReduce, Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam,
                          Vectorize)
-from .loops import check_parallel, check_unroll_jam
+from .loops import check_parallel, check_unroll_jam, has_tail
 
 # a projection's register tile by lanes: (rows sharing each vector of weights, vector
 # accumulators the tile may hold). AVX-512 has 32 vector registers: 24 accumulators leave room
@@ -123,7 +123,7 @@ def _candidates(k: Kernel, lanes: int, weights: frozenset, state: frozenset = fr
         if row is not None and not isinstance(col.extent, IConst):
             keys = stored_rows(col, reduction, state)
             if lanes and keys and row_group(row):
-                heads = group_loop(k, row)
+                heads = group_loop(k, row.var)
                 if heads:
                     yield symbolic_columns(col, row, lanes, lanes, keys, row_group(row), heads)
                 yield symbolic_columns(col, row, lanes, lanes, keys, row_group(row))
@@ -244,23 +244,16 @@ def row_group(row: Loop) -> int:
     return group if 2 <= group <= ATTENTION_ROWS else 0
 
 
-def group_loop(k: Kernel, row: Loop) -> str | None:
-    """The outermost constant loop of 2 or more iterations around the rows (the key-value heads),
-    or None."""
-    outer = find_loop(k.body, row.var)[1]
+def group_loop(k: Kernel, var: str) -> str | None:
+    """The outermost constant loop of 2 or more iterations around the loop var (attention's
+    key-value heads around its rows), or None."""
+    outer = find_loop(k.body, var)[1]
     return next((lp.var for lp in outer if lp.is_output and isinstance(lp.extent, IConst) and lp.extent.value >= 2),
                 None)
 
 
-def _has_tail(extent, factor: int) -> bool:
-    """Whether Split(loop, factor) leaves a tail loop (loops.split)."""
-    if isinstance(extent, IConst):
-        return extent.value % factor != 0
-    return not (isinstance(extent, Poly) and extent.expr.divided(factor) is not None)
-
-
 def _activation_product(k: Kernel, col: Loop, row: Loop, lanes: int):
-    group, heads = row_group(row), group_loop(k, row)
+    group, heads = row_group(row), group_loop(k, row.var)
     if group:
         vectors = col.extent.value // lanes
         columns = max(c for c in KNOBS["activation product"]["columns"]
@@ -281,7 +274,7 @@ def activation_product(col: Loop, row: Loop, lanes: int, rows: int, columns: int
     if rows == 1:
         return head + [Parallel(heads or r)]
     spread = [Parallel(heads)] if heads else \
-        [Parallel(r + "o")] + ([Parallel(r + "t")] if _has_tail(row.extent, rows) else [])
+        [Parallel(r + "o")] + ([Parallel(r + "t")] if has_tail(row.extent, rows) else [])
     return head + [Reorder(r, col.var), Split(r, rows), UnrollJam(r + "i", rows)] + spread
 
 
@@ -301,7 +294,7 @@ def symbolic_columns(col: Loop, row: Loop, split: int, lanes: int = 0, keys: dic
         inside = [Reorder(heads, col.var)] if heads else []
         return [Reorder(row.var, col.var)] + inside + [Split(col.var, split), Vectorize(col.var + "i", lanes)] + packs + \
             [Split(row.var, group), UnrollJam(row.var + "i", group), Parallel(col.var + "o")] + \
-            ([Parallel(col.var + "t")] if _has_tail(col.extent, split) else [])
+            ([Parallel(col.var + "t")] if has_tail(col.extent, split) else [])
     unroll = [UnrollJam(col.var + "i", split // lanes)] if split > lanes else []
     return [Split(col.var, split), Vectorize(col.var + "i", lanes)] + unroll + packs + [Parallel(row.var)]
 
@@ -355,17 +348,13 @@ def _basic(k: Kernel) -> tuple:
 
 
 def _heads_around(k: Kernel, var: str) -> str | None:
-    """The outermost constant loop of 2 to 15 iterations around the symbolic loop var (attention's
-    key-value heads around its rows), if it may run in parallel: a decode step's rows are one, so
-    sharing them would leave every other thread idle."""
-    for lp in find_loop(k.body, var)[1]:
-        if lp.is_output and isinstance(lp.extent, IConst) and lp.extent.value >= 2:
-            try:
-                check_parallel(k, Parallel(lp.var))
-                return lp.var
-            except ScheduleError:
-                return None
-    return None
+    """group_loop around the symbolic loop var if it may run in parallel: a decode step's rows
+    are one, so sharing them would leave every other thread idle."""
+    heads = group_loop(k, var)
+    try:
+        return heads and check_parallel(k, Parallel(heads)).var
+    except ScheduleError:
+        return None
 
 
 def _sharing_all_work(k: Kernel, var: str, symbolic: list[str]) -> str:
@@ -426,7 +415,7 @@ def search_space(k: Kernel, lanes: int, weights=frozenset(), state=frozenset(),
                   for c in grid["columns"] for r in grid["rows"]]
     elif cls == "activation product":
         col, row, _ = found
-        group, heads = row_group(row), group_loop(k, row)
+        group, heads = row_group(row), group_loop(k, row.var)
         rows = grid["rows"] + ((group,) if group and group not in grid["rows"] else ())
         points = [({"rows": r, "columns": c, "parallel": "heads" if h else "rows"},
                    activation_product(col, row, lanes, r, c, h))
@@ -439,7 +428,7 @@ def search_space(k: Kernel, lanes: int, weights=frozenset(), state=frozenset(),
             points += [({"split": u * lanes, "vectors": u}, symbolic_columns(col, row, u * lanes, lanes, keys))
                        for u in grid["vectors"]]
             if row_group(row):
-                heads = group_loop(k, row)
+                heads = group_loop(k, row.var)
                 points += [({"split": lanes, "vectors": 1, "group": row_group(row), "heads inside": h is not None},
                             symbolic_columns(col, row, lanes, lanes, keys, row_group(row), h))
                            for h in ((None, heads) if heads else (None,))]
