@@ -21,7 +21,7 @@ from nanocompile.tune.tuner import model_jobs
 ROUNDS = 7
 
 
-def before(lanes: int) -> dict:
+def schedules_before(lanes: int) -> dict:
     """The recipes' choices at stop 20 for vectors of `lanes`, by kernel name."""
     keys = 4 * lanes  # 4 vectors of keys per block
     return {
@@ -47,7 +47,7 @@ def main() -> None:
     lanes = vector_lanes(march)
     if not lanes:
         raise SystemExit(f"attention_ab: {march} has no vector code; the schedules compared are vector schedules")
-    BEFORE = before(lanes)
+    BEFORE = schedules_before(lanes)
     shapes = [Shape("decode", 1, depth - 1), Shape("chunk", 64, depth - 64)]
     rows = []
     for job in jobs:
@@ -65,11 +65,11 @@ def main() -> None:
             for r in range(ROUNDS):
                 for which in ((1, 2) if r % 2 == 0 else (2, 1)):
                     times[which].append(h.seconds(which, shape, THREADS, 20 if shape.seq == 1 else 3))
-            before, after = statistics.median(times[1]), statistics.median(times[2])
-            print(f"{job.name[:44]:44} {shape.name:6} before {before * 1e6:9.1f} us  now {after * 1e6:9.1f} us  "
-                  f"{before / after:.2f}x", flush=True)
+            was, now_s = statistics.median(times[1]), statistics.median(times[2])
+            print(f"{job.name[:44]:44} {shape.name:6} before {was * 1e6:9.1f} us  now {now_s * 1e6:9.1f} us  "
+                  f"{was / now_s:.2f}x", flush=True)
             rows.append({"kernel": job.name, "shape": shape.name, "seq": shape.seq, "past": shape.past,
-                         "before_s": times[1], "now_s": times[2], "speedup": before / after,
+                         "before_s": times[1], "now_s": times[2], "speedup": was / now_s,
                          "before": [str(d) for d in BEFORE[key]], "now": [str(d) for d in now]})
     append({"bench": "attention_ab", "depth": depth, "march": march, "rows": rows})
 

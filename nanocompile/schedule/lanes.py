@@ -21,7 +21,7 @@ import dataclasses
 
 from ..loopir.affine import linear
 from ..loopir.ir import Acc, AccInit, AccUpdate, Bin, FConst, IConst, Kernel, Lane, LaneMax, Load, Select, Var
-from ..loopir.traverse import contains, find_loop, loads, replace, substitute, walk
+from ..loopir.traverse import contains, find_loop, loads, replace, substitute
 from .directives import LaneReduce, ScheduleError
 from .vector import TARGET_LANES, lane_comparison
 
