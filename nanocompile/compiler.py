@@ -59,6 +59,7 @@ class Options:
     fma: bool | None = None          # matmul sums as fused multiply-adds; None: if the march has FMA
     tuned: tuple = ()                # (kernel digest, directives[, recipe]) measured on this CPU (nanocompile/tune)
     narrow: tuple = ()               # int8 weights whose values fit 5 bits (a GGUF's Q5_0): kept so where the target can
+    superblocks: tuple = ()          # (name, sub, block, mins): matrices in a K format's numbers (frontend weight_specs)
 
 
 @dataclass
@@ -189,7 +190,8 @@ class Module:
         o = self.options
         return {"generator": GENERATOR, "sources": sources_digest(), "config": self.signature.config, "precision": o.precision,
                 "max_chunk": o.max_chunk, "march": o.march, "isa": self.isa, "fused": o.fuse,
-                "scheduled": o.schedule, "fma": o.fma, "tuned": self.tuned_hash, "narrow": self.narrow_hash}
+                "scheduled": o.schedule, "fma": o.fma, "tuned": self.tuned_hash, "narrow": self.narrow_hash,
+                "superblocks": [list(x) for x in o.superblocks] or None}
 
     @property
     def narrow_weights(self) -> list[str]:
@@ -288,13 +290,15 @@ def state_blocks(signature: Signature, packed: dict) -> dict[str, int]:
 def compile_model(cfg: Qwen2Config, precision: str = "f32", max_chunk: int = DEFAULT_CHUNK,
                   march: str | None = None, fuse: bool = True, schedule: bool = True,
                   dump_after: str | None = None, out: Callable[[str], None] = print, tuned: tuple = (),
-                  narrow: tuple = ()) -> Module:
+                  narrow: tuple = (), superblocks: tuple = ()) -> Module:
     """A Qwen2 config, compiled: the frontend's step program through compile_program. tuned:
     (kernel digest, directives) pairs measured on this machine, used where they apply; narrow:
-    the int8 weights whose values fit 5 bits (quantize.NativeWeights.narrow)."""
+    the int8 weights whose values fit 5 bits (quantize.NativeWeights.narrow); superblocks: the
+    matrices kept in a K format's numbers (quantize.NativeWeights.superblocks)."""
+    superblocks = tuple(sorted(tuple(x) for x in superblocks))
     options = Options(precision=precision, max_chunk=max_chunk, march=march, fuse=fuse, schedule=schedule,
-                      tuned=tuple(tuned), narrow=tuple(sorted(narrow)))
-    return compile_program(qwen2_program(cfg, precision), options, dump_after, out)
+                      tuned=tuple(tuned), narrow=tuple(sorted(narrow)), superblocks=superblocks)
+    return compile_program(qwen2_program(cfg, precision, superblocks), options, dump_after, out)
 
 
 def count_calls(module: Module, variant: str = "last") -> dict:

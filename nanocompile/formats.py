@@ -319,7 +319,7 @@ def _check(fmt: BlockFormat) -> None:
         if rule.sub and len(rule.sub) != fmt.n_sub:
             fail(f"{len(rule.sub)} sub-scales for {fmt.n_sub} sub-blocks")
         if rule.sub:
-            largest = max(abs(k) for k in _sub_range(rule))
+            largest = max(abs(k) for k in sub_range(rule))
             # super * k is exact when both significands fit float32's 24 bits together; the
             # exponents never limit it: float16's range (subnormals too) times k < 2**13 is
             # inside float32's normal range
@@ -336,7 +336,7 @@ def quant_range(fmt: BlockFormat) -> range:
 def product_is_exact(fmt: BlockFormat) -> bool:
     """Whether scale[s] * (q_j - offset) is exact in float32 for every block (see the module's
     docstring): the super-scale's significand and the integer k_s * (q_j - offset) fit 24 bits."""
-    largest_k = max(abs(k) for k in _sub_range(fmt.scale)) if fmt.scale.sub else 1
+    largest_k = max(abs(k) for k in sub_range(fmt.scale)) if fmt.scale.sub else 1
     largest_q = max(abs(q) for q in quant_range(fmt))
     super_bits = FLOAT16_SIGNIFICAND_BITS if fmt.field(fmt.scale.super).dtype == "f16" else FLOAT32_SIGNIFICAND_BITS
     # every |k * (q - offset)| <= n has at most (n - 1).bit_length() significant bits (n itself
@@ -344,7 +344,7 @@ def product_is_exact(fmt: BlockFormat) -> bool:
     return super_bits + (largest_k * largest_q - 1).bit_length() <= FLOAT32_SIGNIFICAND_BITS
 
 
-def _sub_range(rule: ScaleRule) -> range:
+def sub_range(rule: ScaleRule) -> range:
     low = -(1 << (rule.bits - 1)) if rule.signed else 0
     high = (1 << (rule.bits - 1)) if rule.signed else (1 << rule.bits)
     return range(low - rule.offset, high - rule.offset)

@@ -178,6 +178,7 @@ def evaluate_node(node: Node, vals: list, env: Mapping[str, int], inputs, weight
     if op == "reduce_max": return np.max(x[0], axis=a["axis"], keepdims=True)
     if op == "matmul": return np.matmul(x[0], x[1])
     if op == "block_matmul": return block_matmul(*x)
+    if op == "superblock_matmul": return superblock_matmul(*x)
     if op == "cast": return x[0].astype(NP_DTYPES[a["dtype"]])
     raise InterpreterError(f"%{node.id}: no meaning defined for primitive {op!r}")
 
@@ -197,6 +198,39 @@ def block_matmul(xq: np.ndarray, xd: np.ndarray, wq: np.ndarray, wd: np.ndarray)
         isum = (w3[:, b].astype(np.float32) @ x3[:, b].astype(np.float32).T).T
         scale = xd[:, b:b + 1] * wd[:, b].astype(np.float32)[None, :]
         out = out + isum * scale
+    return out
+
+
+def superblock_matmul(xq: np.ndarray, xd: np.ndarray, wq: np.ndarray, sc: np.ndarray, d: np.ndarray,
+                      mn: np.ndarray | None = None, dmin: np.ndarray | None = None) -> np.ndarray:
+    """y[m, n] = sum over super-blocs B, in order from 0.0, of a_B * float32(d[n, B]) (minus
+    c_B * float32(dmin[n, B]) with mins), where, over the super-block's sub-blocks b in order from 0.0,
+
+        a_B = sum of xd[m, b] * float32(sc[n, b] * isum_b),   isum_b = sum over b's k of xq * wq   (int32)
+        c_B = sum of xd[m, b] * float32(mn[n, b] * xsum_b),   xsum_b = sum over b's k of xq        (int32)
+
+    Each float32 operation rounded on its own; the integer products are exact (docs/PRIMITIVES.md)."""
+    m, k = xq.shape
+    n, nb, ns = wq.shape[0], sc.shape[1], d.shape[1]
+    size, per_super = k // nb, nb // ns
+    x3 = xq.reshape(m, nb, size).astype(np.float32)
+    w3 = wq.reshape(n, nb, size).astype(np.float32)
+    out = np.zeros((m, n), np.float32)
+    for big in range(ns):
+        a = np.zeros((m, n), np.float32)
+        c = np.zeros((m, n), np.float32)
+        for b in range(big * per_super, (big + 1) * per_super):
+            # sums of at most 32 int8 products stay below 2^24: float32 holds them exactly in any
+            # order, and their product with an int8 sub-scale rounds once, as float32(int32) does
+            isum = x3[:, b] @ w3[:, b].T
+            a = a + xd[:, b:b + 1] * (isum * sc[:, b].astype(np.float32)[None, :])
+            if mn is not None:
+                xsum = x3[:, b].sum(axis=1, keepdims=True)
+                c = c + xd[:, b:b + 1] * (xsum * mn[:, b].astype(np.float32)[None, :])
+        part = a * d[:, big].astype(np.float32)[None, :]
+        if mn is not None:
+            part = part - c * dmin[:, big].astype(np.float32)[None, :]
+        out = out + part
     return out
 
 

@@ -26,7 +26,7 @@ from .compiler import Module, compile_model
 from .errors import ContextFullError, InputError, ModelError, NanocompileError
 from .frontend.config import Qwen2Config
 from .pack import made_from, pack_weights
-from .quantize import narrow_weights
+from .quantize import native_forms
 from .target import detect_march, missing_flags
 from .tune.store import store_path, tuned_table
 
@@ -167,7 +167,7 @@ class CompiledSession:
         self.precision = check_precision(precision)
         table = tuned_schedules(march) if tuned and schedule else ()
         self.module = compile_model(config, GRAPH_OF[precision], fuse=fuse, schedule=schedule, march=march, tuned=table,
-                                    narrow=narrow_weights(weights, precision))
+                                    **native_forms(weights, precision))
         if progress and self.module.tuned_kernels:
             _say(f"using {len(self.module.tuned_kernels)} schedules tuned on this CPU ({tuned_store(march)})")
         if progress and self.module.stale_tuned_kernels:

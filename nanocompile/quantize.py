@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .errors import ModelError
-from .formats import BlockFormat, format_named, quant_range, unpack
+from .formats import BlockFormat, format_named, quant_range, sub_range, unpack
 from .frontend.nn import padded
 from .ir.ops import QBLOCK
 
@@ -139,6 +139,26 @@ def fits_five_bits(fmt: BlockFormat | None) -> bool:
     return q.start >= -16 and q.stop - 1 <= 15
 
 
+def superblock_form(fmt: BlockFormat | None) -> bool:
+    """Whether fmt runs as superblock_matmul's operands as stored (the K formats): sub-blocks of
+    at most 32 weights inside blocks of several, quants within int8 after the offset, integer
+    sub-scales (and sub-mins) within int8 under float16 super-scales, mins subtracted."""
+    if fmt is None or not fmt.scale.sub or fmt.sub > QBLOCK or fmt.block % fmt.sub or fmt.scale.negate:
+        return False
+    q = quant_range(fmt)
+    rules = [fmt.scale] + ([fmt.min] if fmt.min is not None else [])
+    return q.start >= -127 and q.stop - 1 <= 127 and all(
+        r.sub and not r.negate and fmt.field(r.super).dtype == "f16" and
+        sub_range(r).start >= -128 and sub_range(r).stop - 1 <= 127 for r in rules)
+
+
+def superblock_parts(fmt: BlockFormat) -> tuple[str, ...]:
+    """The suffixes of a superblock-form matrix's weights, in superblock_matmul's operand order."""
+    return ("qs", "sc", "d") + (("mn", "dmin") if fmt.has_min else ())
+
+
+GATHERED = ("model.embed_tokens.weight",)  # rows read by a gather, which reads int8's form only
+
 UNPACK_ROWS = 4096  # rows unpacked at a time: bounds the temporaries on the embedding
 
 
@@ -154,6 +174,27 @@ def split_exact(data: np.ndarray, fmt: BlockFormat, rows: int, k: int) -> tuple[
         qs[part] = q.reshape(-1, k)
         d[part] = u.values[fmt.scale.super].reshape(-1, k // QBLOCK)
     return qs, d
+
+
+def split_superblocks(data: np.ndarray, fmt: BlockFormat, rows: int, k: int) -> dict[str, np.ndarray]:
+    """Stored blocks [rows, k / block, nbytes] of a format in superblock_form -> its parts:
+    qs int8 [rows, k] = q - offset, sc int8 [rows, k / sub] (the integer sub-scales), d float16
+    [rows, k / block] (the super-scale as stored), and with a min mn and dmin shaped as sc and d."""
+    subs, supers = k // fmt.sub, k // fmt.block
+    parts = {"qs": np.empty((rows, k), np.int8), "sc": np.empty((rows, subs), np.int8),
+             "d": np.empty((rows, supers), np.float16)}
+    if fmt.has_min:
+        parts["mn"], parts["dmin"] = np.empty((rows, subs), np.int8), np.empty((rows, supers), np.float16)
+    for start in range(0, rows, UNPACK_ROWS):
+        part = slice(start, min(rows, start + UNPACK_ROWS))
+        u = unpack(fmt, data[part])
+        parts["qs"][part] = (u.q.astype(np.int16) - np.int16(fmt.offset)).reshape(-1, k)
+        parts["sc"][part] = u.sub_scale.reshape(-1, subs)
+        parts["d"][part] = u.values[fmt.scale.super].reshape(-1, supers)
+        if fmt.has_min:
+            parts["mn"][part] = u.sub_min.reshape(-1, subs)
+            parts["dmin"][part] = u.values[fmt.min.super].reshape(-1, supers)
+    return parts
 
 
 class NativeWeights(Int8Weights):
@@ -174,8 +215,13 @@ class NativeWeights(Int8Weights):
         super().__init__(float_weights, quantized, float_weights.raw if blocks is not None else None)
         self.blocks = blocks
         self.types = types or {name: "F32" for name in sorted(quantized)}  # tensor -> its stored type
-        self.fallbacks = {name: kind for name, kind in self.types.items()
-                          if blocks is None or not exact_in_int8(format_named(kind))}
+        # K formats run as stored (superblock_matmul), except where a gather reads the rows
+        self.superblock_formats = {name: format_named(kind) for name, kind in self.types.items()
+                                   if blocks is not None and name not in GATHERED
+                                   and superblock_form(format_named(kind))}
+        self.fallbacks = {name: kind for name, kind in self.types.items() if name not in self.superblock_formats
+                          and (blocks is None or not exact_in_int8(format_named(kind)))}
+        self._parts: tuple[str, dict] | None = None
 
     @classmethod
     def of_source(cls, source) -> "NativeWeights":
@@ -190,6 +236,38 @@ class NativeWeights(Int8Weights):
         if stored.format.signed:  # Q8_0: split as int8 does, with its check of a -128
             return super()._stored(base)
         return split_exact(stored.data, stored.format, n, k)
+
+    @property
+    def superblocks(self) -> tuple:
+        """(name, sub, block, mins) of each matrix kept in its K format's numbers (weight_specs)."""
+        return tuple((name, fmt.sub, fmt.block, fmt.has_min) for name, fmt in sorted(self.superblock_formats.items()))
+
+    def _superblock_parts(self, base: str) -> dict[str, np.ndarray]:
+        if self._parts is None or self._parts[0] != base:
+            stored = self.blocks(base)
+            n, k = self.float_weights.shapes[base]
+            self._parts = (base, split_superblocks(stored.data, stored.format, n, k))
+        return self._parts[1]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        base, _, part = name.rpartition(".")
+        if base in self.superblock_formats:
+            parts = self._superblock_parts(base)
+            if part not in parts:
+                raise KeyError(f"{base} is stored as {', '.join(base + '.' + p for p in parts)} in native")
+            return parts[part]
+        return super().__getitem__(name)
+
+    def __iter__(self):
+        for name in super().__iter__():
+            base, _, part = name.rpartition(".")
+            if base not in self.superblock_formats:
+                yield name
+            elif part == "qs":
+                yield from (f"{base}.{p}" for p in superblock_parts(self.superblock_formats[base]))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
     @property
     def narrow(self) -> tuple[str, ...]:
@@ -209,7 +287,7 @@ class NativeWeights(Int8Weights):
         for name, kind in self.fallbacks.items():
             by_type.setdefault(kind, []).append(name)
         parts = [f"{kind}: {compress_names(names)}" for kind, names in sorted(by_type.items())]
-        return (f"native: {len(self.fallbacks)} tensor(s) of a type with no exact int8 form are requantized "
+        return (f"native: {len(self.fallbacks)} tensor(s) of a type with no exact native form are requantized "
                 f"to Q8_0 ({'; '.join(parts)})")
 
 
@@ -219,6 +297,28 @@ def narrow_weights(source, precision: str) -> tuple[str, ...]:
     if precision != "native" or not hasattr(source, "shapes"):
         return ()
     return NativeWeights.of_source(source).narrow
+
+
+def superblock_weights(source, precision: str) -> tuple:
+    """(name, sub, block, mins) of the matrices a `precision` graph reads in a K format's numbers:
+    native's from a model file's K-format blocks, or the .sc parts of arrays already in that form."""
+    if precision != "native":
+        return ()
+    if isinstance(source, NativeWeights):
+        return source.superblocks
+    if hasattr(source, "shapes"):
+        return NativeWeights.of_source(source).superblocks
+    out = []
+    for name in sorted(n for n in source if n.endswith(".sc")):
+        base = name[:-3]
+        k = source[base + ".qs"].shape[1]
+        out.append((base, k // source[name].shape[1], k // source[base + ".d"].shape[1], base + ".mn" in source))
+    return tuple(out)
+
+
+def native_forms(source, precision: str) -> dict:
+    """compile_model's narrow and superblocks for a library running `precision` on source."""
+    return {"narrow": narrow_weights(source, precision), "superblocks": superblock_weights(source, precision)}
 
 
 def compress_names(names: list[str]) -> str:

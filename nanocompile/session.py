@@ -18,6 +18,7 @@ from .errors import ContextFullError, InputError
 from .frontend.config import Qwen2Config
 from .frontend.qwen2 import build_qwen2, cache_names
 from .library import CompiledSession
+from .quantize import superblock_weights
 from .target import detect_march, has_fma
 
 
@@ -50,7 +51,8 @@ class InterpreterSession:
         graph = GRAPH_OF[precision]
         self.order = order or (library_order() if graph == "int8" else "numpy")
         self._run = functools.partial(interpreter.run, order=self.order)
-        self._graphs = {False: build_qwen2(config, "last", graph), True: build_qwen2(config, "all", graph)}
+        blocks = superblock_weights(view, precision)
+        self._graphs = {False: build_qwen2(config, "last", graph, blocks), True: build_qwen2(config, "all", graph, blocks)}
         self.reset()
 
     def reset(self) -> None:

@@ -122,7 +122,13 @@ def write_gguf(path: Path, cfg: Qwen2Config, weights: dict[str, np.ndarray], qua
             kind = "Q8_0"
         if kind not in (None, "F32"):
             qtype = gguf.GGMLQuantizationType[kind]
-            q = gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype)
+            values = np.ascontiguousarray(array, dtype=np.float32)
+            try:
+                q = gguf.quants.quantize(values, qtype)
+            except NotImplementedError:  # the K formats: ggml's own reference quantizer
+                from ggml_reference import ggml_quantize
+                block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+                q = ggml_quantize(kind, values, nbytes, block).reshape(values.shape[0], -1)
             w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=qtype)
         else:
             w.add_tensor(gname, np.ascontiguousarray(array, dtype=np.float32))

@@ -127,7 +127,7 @@ def sub_patterns(fmt: BlockFormat, rule: ScaleRule | None) -> list[np.ndarray]:
         return [None]
     if not rule.sub:
         return [np.ones(fmt.n_sub, np.int16)]
-    k = formats._sub_range(rule)
+    k = formats.sub_range(rule)
     return [np.full(fmt.n_sub, k[0]), np.full(fmt.n_sub, k[-1]), np.where(np.arange(fmt.n_sub) % 2, k[-1], k[0])]
 
 
@@ -198,7 +198,7 @@ def test_scale_products_are_exact(fmt):
     for rule in (fmt.scale, fmt.min):
         if rule is None:
             continue
-        for k in formats._sub_range(rule):
+        for k in formats.sub_range(rule):
             assert np.array_equal(d * np.float32(k), d.astype(np.float64) * k), (fmt.name, rule.super, k)
 
 

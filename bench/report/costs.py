@@ -55,14 +55,14 @@ def nanocompile_cold(spec: dict) -> dict:
     from nanocompile.generate import write_tree
     from nanocompile.library import open_packed
     from nanocompile.models import load_model
-    from nanocompile.quantize import narrow_weights
+    from nanocompile.quantize import native_forms
 
     clock = Stopwatch()
     model = load_model(spec["files"]["source"], progress=False)
     clock.lap("load")
     precision = BY_ID[spec["engine"]].weights
     # native runs int8's library, its 5-bit blocks kept in 5 bits
-    module = compile_model(model.config, GRAPH_OF[precision], narrow=narrow_weights(model.weights, precision))
+    module = compile_model(model.config, GRAPH_OF[precision], **native_forms(model.weights, precision))
     clock.lap("pipeline")
     lib, manifest = find_or_build(module)
     shipped = cache not in Path(lib).parents

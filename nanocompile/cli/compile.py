@@ -23,7 +23,7 @@ def cmd_compile(args) -> int:
     from ..compiler import compile_model
     from ..library import open_packed, tuned_schedules, tuned_store
     from ..models import load_model
-    from ..quantize import narrow_weights
+    from ..quantize import native_forms
 
     check_precision(args.precision)
 
@@ -34,15 +34,15 @@ def cmd_compile(args) -> int:
     stage(f"loading {args.model}")
     model = load_model(args.model, progress=not args.quiet)
     tuned = () if args.no_tuned else tuned_schedules(args.march)
-    narrow = narrow_weights(model.weights, args.precision)  # native: the 5-bit blocks stay 5-bit
+    forms = native_forms(model.weights, args.precision)  # native: 5-bit and K-format blocks stay so
     if args.dump_after:
         stage(f"compiling, printing the IR after stage {args.dump_after}")
         compile_model(model.config, precision=GRAPH_OF[args.precision], march=args.march, dump_after=args.dump_after,
-                      tuned=tuned, narrow=narrow)
+                      tuned=tuned, **forms)
         return 0
     stage("compiling: graph, passes, loop IR, schedules")
     module = compile_model(model.config, precision=GRAPH_OF[args.precision], march=args.march, tuned=tuned,
-                           narrow=narrow)
+                           **forms)
     stage(f"building the library ({module.march}, {len(module.kernels)} kernels) with CMake, or finding it built")
     lib, manifest = find_or_build(module)
     stage("packed weights: checking the cache, or packing them from the model file")

@@ -40,16 +40,18 @@ def padded(k: int) -> int:
     return -(-k // QBLOCK) * QBLOCK
 
 
-def quantize_blocks(b: GraphBuilder, x: int) -> tuple[int, int]:
-    """x f32[rows, K] -> (xq i8[rows, Kp], xd f32[rows, Kp / 32]), per row in blocks of 32 along K
-    (K padded with zeros to Kp, a multiple of 32: a shorter last block, since zeros add nothing
-    to a block's dot product and cannot raise its maximum). Per block: amax = max |x|,
-    xd = amax / 127, and xq = rint(x * (127 / amax)) rounded half to even (0 where amax = 0)."""
+def quantize_blocks(b: GraphBuilder, x: int, block: int = QBLOCK) -> tuple[int, int]:
+    """x f32[rows, K] -> (xq i8[rows, Kp], xd f32[rows, Kp / block]), per row in blocks of
+    `block` along K (K padded with zeros to Kp, a multiple of 32: a shorter last block, since
+    zeros add nothing to a block's dot product and cannot raise its maximum). Per block: amax =
+    max |x|, xd = amax / 127, and xq = rint(x * (127 / amax)) rounded half to even (0 where amax = 0)."""
     rows, k = b.shape(x)
     kp = padded(k.as_int())
+    if kp % block:
+        raise ValueError(f"quantize_blocks: blocks of {block} do not divide a row of {kp}")
     if kp > k.as_int():
         x = b.concat([x, fill(b, 0.0, [rows, kp - k.as_int()])], 1)
-    shape, per_block = [rows, kp // QBLOCK, QBLOCK], [rows, kp // QBLOCK, 1]
+    shape, per_block = [rows, kp // block, block], [rows, kp // block, 1]
     blocks = b.reshape(x, shape)
     magnitude = b.where(b.less_equal(blocks, fill(b, 0.0, shape)), b.neg(blocks), blocks)
     amax = b.reduce_max(magnitude, 2)
@@ -57,7 +59,7 @@ def quantize_blocks(b: GraphBuilder, x: int) -> tuple[int, int]:
     inverse = b.where(b.less_equal(amax, fill(b, 0.0, per_block)), fill(b, 0.0, per_block),
                       b.div(fill(b, 127.0, per_block), amax))
     q = b.cast(b.rint(b.mul(blocks, b.broadcast(inverse, shape))), "i8")
-    return b.reshape(q, [rows, kp]), b.reshape(scale, [rows, kp // QBLOCK])
+    return b.reshape(q, [rows, kp]), b.reshape(scale, [rows, kp // block])
 
 
 def linear_q8(b: GraphBuilder, x: int, qs: int, d: int, bias: int | None = None) -> int:
@@ -66,6 +68,20 @@ def linear_q8(b: GraphBuilder, x: int, qs: int, d: int, bias: int | None = None)
     exactly in int32, then scaled and summed over blocks in float32 (block_matmul)."""
     xq, xd = quantize_blocks(b, x)
     y = b.block_matmul(xq, xd, qs, d)
+    if bias is not None:
+        rows, cols = b.shape(y)
+        y = b.add(y, expand(b, bias, [1, cols], [rows, cols]))
+    return y
+
+
+def linear_k(b: GraphBuilder, x: int, qs: int, sc: int, d: int, mn: int | None = None, dmin: int | None = None,
+             bias: int | None = None) -> int:
+    """x @ W.T (+ bias) with W in a K format's numbers (Q4_K, Q6_K: integer quants, an integer
+    scale (and min) per sub-block, float16 super-scales): the activations quantized per row in
+    blocks of the sub-block's size, then superblock_matmul."""
+    k = b.shape(qs)[1].as_int()
+    xq, xd = quantize_blocks(b, x, k // b.shape(sc)[1].as_int())
+    y = b.superblock_matmul(xq, xd, qs, sc, d, mn, dmin)
     if bias is not None:
         rows, cols = b.shape(y)
         y = b.add(y, expand(b, bias, [1, cols], [rows, cols]))

@@ -29,13 +29,28 @@ def quantized_weights(cfg: Qwen2Config) -> set[str]:
     return {name for name, shape in weight_shapes(cfg).items() if len(shape) == 2}
 
 
-def weight_specs(cfg: Qwen2Config, precision: str = "f32") -> dict[str, tuple[tuple[int, ...], str]]:
+def weight_specs(cfg: Qwen2Config, precision: str = "f32",
+                 superblocks: tuple = ()) -> dict[str, tuple[tuple[int, ...], str]]:
     """Every weight the graph reads: name -> (shape, dtype). int8 stores a [N, K] weight as
-    name.qs i8[N, Kp] and name.d f16[N, Kp / 32] (K padded with zeros to whole blocks)."""
+    name.qs i8[N, Kp] and name.d f16[N, Kp / 32] (K padded with zeros to whole blocks).
+    superblocks: (name, sub, block, mins) for the int8 graph's weights kept in a K format's
+    numbers (superblock_matmul): name.qs i8[N, K], name.sc i8[N, K / sub], name.d f16[N, K / block],
+    and with mins name.mn and name.dmin shaped as sc and d."""
     out = {}
     quantized = quantized_weights(cfg) if precision == "int8" else set()
+    kinds = {name: (sub, block, mins) for name, sub, block, mins in superblocks}
     for name, shape in weight_shapes(cfg).items():
-        if name in quantized:
+        if name in kinds and name in quantized:
+            (n, k), (sub, block, mins) = shape, kinds[name]
+            if k % block or block % sub:
+                raise ValueError(f"{name}: a row of {k} is not whole super-blocks of {block} in sub-blocks of {sub}")
+            out[name + ".qs"] = ((n, k), "i8")
+            out[name + ".sc"] = ((n, k // sub), "i8")
+            out[name + ".d"] = ((n, k // block), "f16")
+            if mins:
+                out[name + ".mn"] = ((n, k // sub), "i8")
+                out[name + ".dmin"] = ((n, k // block), "f16")
+        elif name in quantized:
             n, k = shape
             out[name + ".qs"] = ((n, nn.padded(k)), "i8")
             out[name + ".d"] = ((n, nn.padded(k) // QBLOCK), "f16")
@@ -44,13 +59,13 @@ def weight_specs(cfg: Qwen2Config, precision: str = "f32") -> dict[str, tuple[tu
     return out
 
 
-def build_qwen2(cfg: Qwen2Config, logits: str = "last", precision: str = "f32") -> Graph:
+def build_qwen2(cfg: Qwen2Config, logits: str = "last", precision: str = "f32", superblocks: tuple = ()) -> Graph:
     if logits not in LOGITS:
         raise ValueError(f"logits must be one of {LOGITS}, got {logits!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     b = GraphBuilder(f"qwen2_logits_{logits}" + ("" if precision == "f32" else f"_{precision}"))
-    specs, made = weight_specs(cfg, precision), {}
+    specs, made = weight_specs(cfg, precision, superblocks), {}
 
     def weight(name):
         """The weight's node, made on first use (a tied embedding is read twice)."""
@@ -61,6 +76,9 @@ def build_qwen2(cfg: Qwen2Config, logits: str = "last", precision: str = "f32") 
 
     def linear(x, name, bias=None):
         """x @ W.T (+ bias) for the weight called name, in the precision's form."""
+        if name + ".sc" in specs:
+            mins = (weight(name + ".mn"), weight(name + ".dmin")) if name + ".mn" in specs else (None, None)
+            return nn.linear_k(b, x, weight(name + ".qs"), weight(name + ".sc"), weight(name + ".d"), *mins, bias=bias)
         if precision == "int8":
             return nn.linear_q8(b, x, weight(name + ".qs"), weight(name + ".d"), bias)
         return nn.linear(b, x, weight(name), bias)
@@ -126,13 +144,13 @@ def weight_cname(name: str) -> str:
     return identifier(name.removeprefix("model.").replace("self_attn.", "").replace("mlp.", ""))
 
 
-def qwen2_signature(cfg: Qwen2Config, precision: str = "f32") -> Signature:
+def qwen2_signature(cfg: Qwen2Config, precision: str = "f32", superblocks: tuple = ()) -> Signature:
     """Token ids in, each layer's K and V cache updated in place, logits out."""
     kv_row = cfg.num_key_value_heads * cfg.head_dim
     state = tuple(State(f"cache.{i}.{kv}", f"cache_{kv}", i, kv_row)
                   for i in range(cfg.num_hidden_layers) for kv in ("k", "v"))
     weights = tuple(WeightSpec(name, shape, weight_cname(name), dtype)
-                    for name, (shape, dtype) in weight_specs(cfg, precision).items())
+                    for name, (shape, dtype) in weight_specs(cfg, precision, superblocks).items())
     description = (
         f"Qwen2: {cfg.num_hidden_layers} layers, width {cfg.hidden_size}, {cfg.num_attention_heads} query heads, "
         f"{cfg.num_key_value_heads} key/value heads of {cfg.head_dim},",
@@ -152,6 +170,7 @@ def canonical(cfg: Qwen2Config) -> Qwen2Config:
                                rope_theta=float(np.float32(cfg.rope_theta)))
 
 
-def qwen2_program(cfg: Qwen2Config, precision: str = "f32") -> StepProgram:
+def qwen2_program(cfg: Qwen2Config, precision: str = "f32", superblocks: tuple = ()) -> StepProgram:
     cfg = canonical(cfg)
-    return StepProgram(qwen2_signature(cfg, precision), {v: build_qwen2(cfg, v, precision) for v in VARIANTS})
+    return StepProgram(qwen2_signature(cfg, precision, superblocks),
+                       {v: build_qwen2(cfg, v, precision, superblocks) for v in VARIANTS})

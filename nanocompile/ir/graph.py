@@ -156,6 +156,10 @@ class GraphBuilder:
 
     def block_matmul(self, xq: int, xd: int, wq: int, wd: int) -> int:
         return self._add("block_matmul", (xq, xd, wq, wd))
+
+    def superblock_matmul(self, xq: int, xd: int, wq: int, sc: int, d: int, mn: int | None = None,
+                          dmin: int | None = None) -> int:
+        return self._add("superblock_matmul", (xq, xd, wq, sc, d) + (() if mn is None else (mn, dmin)))
     def cast(self, x: int, dtype: str) -> int: return self._add("cast", (x,), dtype=dtype)
 
     def output(self, name: str, x: int) -> None:

@@ -182,6 +182,35 @@ def infer_block_matmul(args, attrs):
     return (xq[0], wq[0]), "f32"
 
 
+def infer_superblock_matmul(args, attrs):
+    """xq i8[M, K] x wq i8[N, K] in sub-blocks of B = K / nb: xd f32[M, nb] (the activations'
+    block scales), sc i8[N, nb] (integer sub-scales), d f16[N, ns] (a super-scale per nb / ns
+    sub-blocks), and optionally mn i8[N, nb] with dmin f16[N, ns] (integer sub-mins) -> f32[M, N]."""
+    _expect(len(args) in (5, 7), f"superblock_matmul: wants 5 or 7 operands (xq, xd, wq, sc, d[, mn, dmin]), "
+                                 f"got {len(args)}")
+    dtypes = tuple(t for _, t in args)
+    want = ("i8", "f32", "i8", "i8", "f16", "i8", "f16")[:len(args)]
+    _expect(dtypes == want, f"superblock_matmul: wants {', '.join(want)} operands, got {', '.join(dtypes)}")
+    shapes = [s for s, _ in args]
+    _expect(all(len(s) == 2 for s in shapes), "superblock_matmul: operands must be rank 2")
+    xq, xd, wq, sc, d = shapes[:5]
+    k, nb, ns = xq[1], sc[1], d[1]
+    _expect(k.is_const and nb.is_const and ns.is_const, "superblock_matmul: reduction and block counts must be constants")
+    _expect(wq[1] == k, f"superblock_matmul: reduction lengths differ, {shape_str(xq)} and {shape_str(wq)}")
+    _expect(ns.as_int() > 0 and nb.as_int() % ns.as_int() == 0 and k.as_int() % nb.as_int() == 0,
+            f"superblock_matmul: {k} values in {nb} sub-blocks in {ns} super-blocks do not divide evenly")
+    _expect(xd == (xq[0], nb), f"superblock_matmul: activation scales {shape_str(xd)} should be [{xq[0]}, {nb}]")
+    _expect(sc == (wq[0], nb), f"superblock_matmul: sub-scales {shape_str(sc)} should be [{wq[0]}, {nb}]")
+    _expect(d[0] == wq[0], f"superblock_matmul: super-scales {shape_str(d)} should have {wq[0]} rows")
+    if len(args) == 7:
+        _expect(shapes[5] == sc and shapes[6] == d,
+                f"superblock_matmul: sub-mins {shape_str(shapes[5])} and their super-scales {shape_str(shapes[6])} "
+                f"should be shaped as {shape_str(sc)} and {shape_str(d)}")
+    _expect(k.as_int() // nb.as_int() <= QBLOCK, f"superblock_matmul: sub-blocks of {k.as_int() // nb.as_int()} values "
+                                                 f"exceed {QBLOCK}: their int8 sums would leave float32's exact range")
+    return (xq[0], wq[0]), "f32"
+
+
 def infer_cast(args, attrs):
     (shape, dtype), = args
     _expect(attrs["dtype"] in DTYPES, f"cast: unknown dtype {attrs['dtype']!r}")
@@ -220,12 +249,13 @@ PRIMITIVES: dict[str, tuple] = {
     "reduce_max": (1, ("axis",), _reduce("reduce_max")),
     "matmul": (2, (), infer_matmul),
     "block_matmul": (4, (), infer_block_matmul),
+    "superblock_matmul": (None, (), infer_superblock_matmul),
     "cast": (1, ("dtype",), infer_cast),
 }
 
 ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "neg", "sqrt", "reciprocal", "exp", "sin", "cos", "rint",
                          "where", "less_equal", "cast"})
-MATMULS = frozenset({"matmul", "block_matmul"})  # read their operands many times: operands get buffers
+MATMULS = frozenset({"matmul", "block_matmul", "superblock_matmul"})  # read their operands many times: operands get buffers
 MOVEMENT = frozenset({"reshape", "broadcast", "permute", "slice", "concat"})
 SOURCES = frozenset({"input", "weight", "const", "iota", "dim"})
 

@@ -21,7 +21,7 @@ from ..ir.graph import Graph, Node
 from ..ir.ops import MOVEMENT, QBLOCK
 from ..signature import Signature, identifier, weight_buffer
 from . import views as V
-from .ir import (OUTPUT, REDUCTION, Acc, AccInit, AccUpdate, Bin, Buffer, Call, Cast, FConst, Fma, IConst, Kernel,
+from .ir import (OUTPUT, REDUCTION, Acc, AccInit, AccUpdate, Bin, Buffer, ByteSum, Call, Cast, FConst, Fma, IConst, Kernel,
                  Load, Loop, Param, Poly, Program, Select, Store, Un, Var)
 from .naming import kernel_name, slug
 from .traverse import free_vars
@@ -166,7 +166,7 @@ class KernelBody:
                 self.index.append(Var(f"i{a}"))
         self.stack = list(self.levels)
         self.memo: dict = {}
-        self.counter = {"k": 0, "r": 0, "b": 0, "j": 0, "acc": 0, "isum": 0, "v": 0}
+        self.counter = {"k": 0, "r": 0, "b": 0, "s": 0, "j": 0, "acc": 0, "isum": 0, "v": 0}
         self.computes: list[str] = []  # the primitives computed, in order: what names the kernel
 
     def fresh(self, kind: str) -> str:
@@ -315,6 +315,8 @@ class KernelBody:
             return self.reduction(n.id, term, extent(a.shape[-1]), "dot", "k", idx)
         if n.op == "block_matmul":
             return self.block_matmul(n, args, idx)
+        if n.op == "superblock_matmul":
+            return self.superblock_matmul(n, args, idx)
         if n.op == "gather":
             table, index = args
             row = Cast("i64", self.load(index, "i32", [idx[0]]))
@@ -356,6 +358,48 @@ class KernelBody:
             return Bin("*", Cast("f32", isum), scale)
 
         return self.reduction(n.id, block, extent(xd.shape[-1]), "sum", "b", idx)
+
+    def superblock_matmul(self, n: Node, args, idx) -> Acc:
+        """A float32 sum over super-blocks, in order, each the sum over its sub-blocks of the
+        activation scale times the exact int32 dot product times the integer sub-scale (and the
+        same with the activations' sum and the sub-min), then scaled by the super-scales
+        (docs/PRIMITIVES.md). float32(isum) * float32(sc) is the exact product rounded once, as
+        float32(sc * isum) is (both below 2^24 in magnitude, the product below 2^31)."""
+        xq, xd, wq, sc, d = args[:5]
+        mins = args[5:]
+        row, col = idx
+        k, nb, ns = xq.shape[1].as_int(), sc.shape[1].as_int(), d.shape[1].as_int()
+        size, per_super = k // nb, nb // ns
+
+        def sub_index(big, s):
+            return Bin("+", Bin("*", big, IConst(per_super)), s) if per_super > 1 else big
+
+        def super_block(big):
+            def products(b):
+                def product(j):
+                    at = Bin("+", Bin("*", b, IConst(size)), j)
+                    return Bin("*", Cast("i32", self.load(xq, "i8", [row, at])), Cast("i32", self.load(wq, "i8", [col, at])))
+                return self.reduction(n.id, product, IConst(size), "sum", "j", [row, col, b], dtype="i32")
+
+            def scales_part(s):
+                b = sub_index(big, s)
+                exact = Bin("*", Cast("f32", products(b)), Cast("f32", self.load(sc, "i8", [col, b])))
+                return Bin("*", self.load(xd, "f32", [row, b]), exact)
+
+            def mins_part(s):
+                b = sub_index(big, s)
+                xsum = ByteSum(self.load(xq, "i8", [row, Bin("*", b, IConst(size))]), size)
+                exact = Bin("*", Cast("f32", xsum), Cast("f32", self.load(mins[0], "i8", [col, b])))
+                return Bin("*", self.load(xd, "f32", [row, b]), exact)
+
+            a = self.reduction(n.id, scales_part, IConst(per_super), "sum", "s", [row, col, big])
+            part = Bin("*", a, Cast("f32", self.load(d, "f16", [col, big])))
+            if mins:
+                c = self.reduction(n.id, mins_part, IConst(per_super), "sum", "s", [row, col, big])
+                part = Bin("-", part, Bin("*", c, Cast("f32", self.load(mins[1], "f16", [col, big]))))
+            return part
+
+        return self.reduction(n.id, super_block, IConst(ns), "sum", "b", idx)
 
 
 class Lowering:

@@ -38,6 +38,8 @@ def _range(k: Kernel, atom, lanes: dict) -> int | None:
 def packed_index(k: Kernel, d: Pack, index, lanes: dict):
     """The blocked-layout index of the element a row-major index names."""
     terms, const = linear(index)
+    # a loop of one iteration (a single super-block) adds nothing, and could pass for a row
+    terms = {a: c for a, c in terms.items() if not (isinstance(a, Var) and _range(k, a, lanes) == 0)}
     for atom, c in list(terms.items()):  # a whole number of rows in seq and past (a state's past rows)
         if isinstance(atom, Poly) and c % d.row and all(v * c % d.row == 0 for v in atom.expr.terms.values()):
             del terms[atom]

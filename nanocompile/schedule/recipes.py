@@ -38,7 +38,7 @@ import math
 
 from ..loopir.affine import linear
 from ..loopir.ir import AccInit, AccUpdate, IConst, Kernel, Loop, Poly, Var
-from ..loopir.traverse import find_loop, loads, loops
+from ..loopir.traverse import find_loop, loads, loops, statements
 from .apply import apply, first_legal, is_legal
 from .directives import (DotProduct, LaneReduce, Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam,
                          Vectorize)
@@ -61,6 +61,7 @@ SCORE_VECTORS = 4   # vectors of keys per block of stored keys (independent sums
 KNOBS = {
     "projection": {"columns": (1, 2, 4, 8), "rows": (0, 1, 2, 3, 4, 5, 6, 7, 8)},
     "int8 projection": {"columns": (1, 2, 4), "rows": (0, 1, 2, 3, 4, 6, 8, 12)},
+    "superblock projection": {"columns": (1, 2, 4), "rows": (0, 1, 2, 3, 4, 6)},
     "activation product": {"rows": (1, 2, 4, 8, 16), "columns": (1, 2, 4)},  # and the row group, if any
     "symbolic columns": {"split": (2, 4, 8, 16), "vectors": (1, 2, 4, 8)},  # vectors: of keys in state
     "row or elementwise": {"vector": (True, False), "unroll": (1, 2, 4, 8)},
@@ -107,11 +108,75 @@ def _block_column_loop(k: Kernel):
     return None
 
 
+def _superblock_column_loop(k: Kernel):
+    """(column loop, the output loop around it or None, super-block loop, sub-block loop, the
+    sub-block's int8 product loop) for a superblock_matmul: an output loop holding one reduction
+    over super-blocks, holding one over sub-blocks, holding one over products; or None."""
+    for lp in loops(k.body):
+        supers = [s for s in lp.body if isinstance(s, Loop)]
+        if not (lp.is_output and len(supers) == 1 and not supers[0].is_output):
+            continue
+        subs = [s for s in supers[0].body if isinstance(s, Loop)]
+        if len(subs) != 1 or subs[0].is_output:
+            continue
+        inner = [s for s in subs[0].body if isinstance(s, Loop)]
+        if len(inner) == 1 and not inner[0].is_output and not any(isinstance(s, Loop) for s in inner[0].body):
+            outer = find_loop(k.body, lp.var)[1]
+            row = outer[-1] if outer and outer[-1].is_output else None
+            return lp, row, supers[0], subs[0], inner[0]
+    return None
+
+
+def _superblock_operands(k: Kernel, supers: Loop, subs: Loop, products: Loop, weights: frozenset):
+    """(int8 quants, [(integer sub-scales and sub-mins or float16 super-scales, their row)]) a
+    superblock projection packs, or None if it is not one."""
+    dtypes = {p.name: p.dtype for p in k.params}
+    quants = sorted({ld.param for ld in loads(products.body) if ld.param in weights and dtypes[ld.param] == "i8"})
+    extents = (supers.extent, subs.extent, products.extent)
+    if not quants or not all(isinstance(e, IConst) for e in extents):
+        return None
+    n_super, n_sub = supers.extent.value, supers.extent.value * subs.extent.value
+    subints = sorted({ld.param for ld in loads(subs.body) if ld.param in weights and dtypes[ld.param] == "i8"
+                      and ld.param not in quants})
+    scales = sorted({ld.param for ld in loads(supers.body) if ld.param in weights and dtypes[ld.param] == "f16"})
+    return quants, [(p, n_sub) for p in subints] + [(p, n_super) for p in scales]
+
+
+def _superblock_projection(k: Kernel, col: Loop, row, supers: Loop, subs: Loop, products: Loop, lanes: int,
+                           weights: frozenset, dot_offset: int = 0, narrow: frozenset = frozenset()):
+    """A superblock projection (superblock_projection) with as many column vectors and rows per
+    tile as TILES_INT8's budget holds for its sums (an int32 and three float32 per lane)."""
+    operands = _superblock_operands(k, supers, subs, products, weights)
+    if not operands:
+        return
+    rows, budget = TILES_INT8[lanes]
+    sums = sum(1 for s in statements(col.body) if isinstance(s, AccInit))
+    for columns in (4, 2, 1):
+        if columns * sums * rows > budget and columns > 1:
+            continue
+        if row is not None and not isinstance(row.extent, IConst):
+            yield superblock_projection(col, row, supers, subs, products, lanes, *operands, dot_offset, columns, rows,
+                                        narrow)
+        yield superblock_projection(col, row, supers, subs, products, lanes, *operands, dot_offset, columns, 0, narrow)
+
+
+def superblock_projection(col: Loop, row, supers: Loop, subs: Loop, products: Loop, lanes: int, quants: list,
+                          scales: list, dot_offset: int, columns: int, rows: int, narrow: frozenset = frozenset()) -> list:
+    """A superblock_matmul as an int8 projection (block_projection): the quants in dot products
+    of 4, each integer sub-scale, sub-min and float16 super-scale packed so the lanes' are adjacent."""
+    elements = supers.extent.value * subs.extent.value * products.extent.value
+    return _quantized_projection(col, row, elements, products.var, lanes, quants, scales, dot_offset, columns, rows,
+                                 narrow)
+
+
 def _candidates(k: Kernel, lanes: int, weights: frozenset, state: frozenset = frozenset(), dot_offset: int = 0,
                 narrow: frozenset = frozenset()):
     block = _block_column_loop(k)
     if block and lanes:
         yield from _block_projection(k, *block, lanes, weights, dot_offset, narrow)
+    superblock = _superblock_column_loop(k)
+    if superblock and lanes:
+        yield from _superblock_projection(k, *superblock, lanes, weights, dot_offset, narrow)
     found = _column_loop(k)
     if found:
         col, row, reduction = found
@@ -222,12 +287,19 @@ def block_projection(col: Loop, row, blocks: Loop, products: Loop, lanes: int, q
     are; `columns` vectors per tile and `rows` rows (0: the rows stay outside) sharing each
     activation group; the column blocks across threads. Weights in narrow are kept in 5 bits
     (offset 16) where 16 lanes take them unsigned (schedule/narrow.py)."""
-    n_blocks, block = blocks.extent.value, products.extent.value
+    n_blocks = blocks.extent.value
+    return _quantized_projection(col, row, n_blocks * products.extent.value, products.var, lanes, quants,
+                                 [(p, n_blocks) for p in scales], dot_offset, columns, rows, narrow)
+
+
+def _quantized_projection(col: Loop, row, elements: int, products: str, lanes: int, quants: list, scales: list,
+                          dot_offset: int, columns: int, rows: int, narrow: frozenset) -> list:
+    """block_projection's directives for quants in rows of `elements` and scales [(param, row)]."""
     five = lanes == NARROW_LANES and dot_offset > 0
-    packs = [Pack(p, n_blocks * block, lanes * columns, 4, NARROW_OFFSET, 5) if five and p in narrow else
-             Pack(p, n_blocks * block, lanes * columns, 4, dot_offset) for p in quants] + \
-        [Pack(p, n_blocks, lanes * columns) for p in scales]
-    head = [Vectorize(col.var, lanes), DotProduct(products.var, 4)] + \
+    packs = [Pack(p, elements, lanes * columns, 4, NARROW_OFFSET, 5) if five and p in narrow else
+             Pack(p, elements, lanes * columns, 4, dot_offset) for p in quants] + \
+        [Pack(p, n, lanes * columns) for p, n in scales]
+    head = [Vectorize(col.var, lanes), DotProduct(products, 4)] + \
         ([UnrollJam(col.var, columns)] if columns > 1 else []) + packs
     tile = []
     if rows and row is not None and not isinstance(row.extent, IConst):
@@ -374,11 +446,14 @@ def _sharing_all_work(k: Kernel, var: str, symbolic: list[str]) -> str:
 # the tuner's search space -------------------------------------------------------------------------
 
 def kernel_class(k: Kernel, lanes: int, weights=frozenset(), state=frozenset()) -> str:
-    """Which recipe a kernel gets: int8 projection, projection, activation product, symbolic
-    columns, or row or elementwise."""
+    """Which recipe a kernel gets: int8 projection, superblock projection, projection, activation
+    product, symbolic columns, or row or elementwise."""
     block = _block_column_loop(k)
     if lanes and block and _block_operands(k, block[2], block[3], frozenset(weights)):
         return "int8 projection"
+    superblock = _superblock_column_loop(k)
+    if lanes and superblock and _superblock_operands(k, *superblock[2:], frozenset(weights)):
+        return "superblock projection"
     found = _column_loop(k)
     if found:
         col, row, reduction = found
@@ -407,6 +482,12 @@ def search_space(k: Kernel, lanes: int, weights=frozenset(), state=frozenset(),
         operands = _block_operands(k, blocks, products, weights)
         points = [({"columns": c, "rows": r},
                    block_projection(col, row, blocks, products, lanes, *operands, dot_offset, c, r))
+                  for c in grid["columns"] for r in grid["rows"]]
+    elif cls == "superblock projection":
+        col, row, supers, subs, products = _superblock_column_loop(k)
+        operands = _superblock_operands(k, supers, subs, products, weights)
+        points = [({"columns": c, "rows": r},
+                   superblock_projection(col, row, supers, subs, products, lanes, *operands, dot_offset, c, r))
                   for c in grid["columns"] for r in grid["rows"]]
     elif cls == "projection":
         col, row, reduction = found
