@@ -63,13 +63,28 @@ static inline float nc_expf(float x)
 }
 
 /* The unsigned byte at index i of the 8-bit layout, of a weight kept in 5 bits
- * (schedule/narrow.py: each 64 bytes as 32 of nibble pairs, then a 64-bit mask of fifth bits). */
+ * (schedule/narrow.py: each 64 bytes as 32 of nibble pairs, then a 64-bit mask of fifth bits);
+ * in 4 bits (the nibble pairs alone) and 6 (then 16 bytes of high bit pairs, byte w % 16 holding
+ * byte w's in bits 2 * (w / 16) and up). */
+static inline uint8_t nc_nibble(const uint8_t *unit, int64_t w)
+{
+    return w < 32 ? (uint8_t)(unit[w] & 15) : (uint8_t)(unit[w - 32] >> 4);
+}
+static inline uint8_t nc_load_u4(const int8_t *p, int64_t i)
+{
+    return nc_nibble((const uint8_t *)p + i / 64 * 32, i % 64);
+}
 static inline uint8_t nc_load_u5(const int8_t *p, int64_t i)
 {
     const uint8_t *unit = (const uint8_t *)p + i / 64 * 40;
     int64_t w = i % 64;
-    uint8_t low = w < 32 ? (uint8_t)(unit[w] & 15) : (uint8_t)(unit[w - 32] >> 4);
-    return (uint8_t)(low | (((unit[32 + w / 8] >> (w % 8)) & 1) << 4));
+    return (uint8_t)(nc_nibble(unit, w) | (((unit[32 + w / 8] >> (w % 8)) & 1) << 4));
+}
+static inline uint8_t nc_load_u6(const int8_t *p, int64_t i)
+{
+    const uint8_t *unit = (const uint8_t *)p + i / 64 * 48;
+    int64_t w = i % 64;
+    return (uint8_t)(nc_nibble(unit, w) | (((unit[32 + w % 16] >> (w / 16 * 2)) & 3) << 4));
 }
 
 /* The sum of n int8 values, exact in int32 for n < 2^24: the correction a dot product with

@@ -245,16 +245,21 @@ static inline nc_f32x16 nc_fma16(nc_f32x16 a, nc_f32x16 b, nc_f32x16 c)
 
 /* nc_dot4u5_16(acc, x, p): nc_dot4u_16 of 64 unsigned bytes within [0, 31] kept in 40 at p
  * (schedule/narrow.py): 32 bytes of nibbles (byte j: byte j's low nibble, byte j + 32's high
- * one), then a 64-bit mask of the fifth bits. Rebuilt exactly, then multiplied as stored. */
+ * one), then a 64-bit mask of the fifth bits. Rebuilt exactly, then multiplied as stored.
+ * nc_dot4u4_16: bytes within [0, 15], the 32 bytes of nibbles alone. nc_dot4u6_16: bytes within
+ * [0, 63] in 48, the nibbles, then 16 bytes of high bit pairs (byte i: bytes i, i + 16, i + 32
+ * and i + 48's in bits 0-1, 2-3, 4-5, 6-7): broadcast to the four 128-bit lanes (lane q: bytes
+ * 16q to 16q + 15), lane q shifted right by 2q puts its pairs in bits 0-1 (no byte shift exists:
+ * the 16-bit shift's bits crossing into the low byte are masked off). */
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-static inline nc_i32x16 nc_dot4u5_16(nc_i32x16 acc, const int8_t *x, const int8_t *p)
+static inline __m512i nc_nibbles_64(const int8_t *p)
 {
     __m256i nibbles = _mm256_loadu_si256((const __m256i *)p), low = _mm256_set1_epi8(15);
     __m256i first = _mm256_and_si256(nibbles, low), second = _mm256_and_si256(_mm256_srli_epi16(nibbles, 4), low);
-    __mmask64 fifth;
-    memcpy(&fifth, p + 32, 8);
-    __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1);
-    u = _mm512_mask_add_epi8(u, fifth, u, _mm512_set1_epi8(16));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1);
+}
+static inline nc_i32x16 nc_dot4u_bytes_16(nc_i32x16 acc, const int8_t *x, __m512i u)
+{
 #if defined(__AVX512VNNI__)
     return (nc_i32x16)_mm512_dpbusd_epi32((__m512i)acc, u, _mm512_set1_epi32(nc_x4(x)));
 #else
@@ -262,6 +267,26 @@ static inline nc_i32x16 nc_dot4u5_16(nc_i32x16 acc, const int8_t *x, const int8_
     _mm512_storeu_si512(bytes, u);
     return nc_dot4u_16(acc, x, bytes);
 #endif
+}
+static inline nc_i32x16 nc_dot4u4_16(nc_i32x16 acc, const int8_t *x, const int8_t *p)
+{
+    return nc_dot4u_bytes_16(acc, x, nc_nibbles_64(p));
+}
+static inline nc_i32x16 nc_dot4u5_16(nc_i32x16 acc, const int8_t *x, const int8_t *p)
+{
+    __mmask64 fifth;
+    memcpy(&fifth, p + 32, 8);
+    __m512i u = nc_nibbles_64(p);
+    u = _mm512_mask_add_epi8(u, fifth, u, _mm512_set1_epi8(16));
+    return nc_dot4u_bytes_16(acc, x, u);
+}
+static inline nc_i32x16 nc_dot4u6_16(nc_i32x16 acc, const int8_t *x, const int8_t *p)
+{
+    const long long c = 0x0001000100010001LL; /* a count in each 16-bit element */
+    __m512i pairs = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 32)));
+    pairs = _mm512_srlv_epi16(pairs, _mm512_set_epi64(6 * c, 6 * c, 4 * c, 4 * c, 2 * c, 2 * c, 0, 0));
+    pairs = _mm512_slli_epi16(_mm512_and_si512(pairs, _mm512_set1_epi8(3)), 4);
+    return nc_dot4u_bytes_16(acc, x, _mm512_or_si512(nc_nibbles_64(p), pairs));
 }
 #endif
 

@@ -1,5 +1,6 @@
-"""Five-bit weights (schedule/narrow.py): a GGUF's 5-bit values kept in 5 bits, read by 16-lane
-dot products that rebuild them exactly; bitwise against the interpreter like every int8 kernel."""
+"""Narrow weights (schedule/narrow.py): a GGUF's 5-bit values kept in 5 bits (and values that fit
+4 or 6 bits in 4 or 6), read by 16-lane dot products that rebuild them exactly; bitwise against the
+interpreter like every int8 kernel."""
 import numpy as np
 import pytest
 
@@ -15,13 +16,19 @@ from test_int8 import check_bitwise, projection_graph
 pytestmark = pytest.mark.c
 
 
-def five_bit_weights(k, n, seed=0):
-    """int8 weights within [-16, 15] (a Q5_0 block's values, scales aside), the extremes included."""
+def narrow_weights(k, n, seed=0, low=-16, high=15):
+    """int8 weights within [low, high] (by default a Q5_0 block's values, scales aside), the
+    extremes included."""
     rng = np.random.default_rng(seed)
-    q = rng.integers(-16, 16, (n, k)).astype(np.int8)
-    q[0, :] = -16
-    q[1, :] = 15
+    q = rng.integers(low, high + 1, (n, k)).astype(np.int8)
+    q[0, :] = low
+    q[1, :] = high
     return {"wq": q, "wd": (rng.random((n, k // 32)) * 0.01 + 0.001).astype(np.float16)}
+
+
+# (bits, offset, the values' range): 4 bits as they are (offset 0) and as a Q4_0's [-8, 7] + 8,
+# 5 bits as a Q5_0's, 6 bits as a Q6_K's [-32, 31] + 32
+NARROW = [(4, 0, 0, 15), (4, 8, -8, 7), (5, 16, -16, 15), (6, 32, -32, 31)]
 
 
 def test_five_bits_round_trip_and_refuse_a_sixth():
@@ -31,49 +38,94 @@ def test_five_bits_round_trip_and_refuse_a_sixth():
     assert narrow[0] == (stored[0] & 15) | ((stored[32] & 15) << 4) and narrow[32] & 1 == stored[0] >> 4
     with pytest.raises(ValueError, match="does not fit in 5 bits"):
         narrow_bytes(np.full(64, 32, np.uint8))
-    w = five_bit_weights(64, 32)["wq"]
+    w = narrow_weights(64, 32)["wq"]
     assert np.array_equal(pack_array(w, 64, 32, 4, 16, 5), narrow_bytes(pack_array(w, 64, 32, 4, 16)))
     with pytest.raises(ValueError, match="leave an unsigned byte"):
         pack_array(np.full((32, 64), -17, np.int8), 64, 32, 4, 16, 5)
 
 
+@pytest.mark.parametrize("bits", [4, 6])
+def test_four_and_six_bits_round_trip_and_refuse_a_bit_more(bits):
+    rng = np.random.default_rng(bits)
+    stored = rng.integers(0, 1 << bits, 64 * 5).astype(np.uint8)
+    narrow = narrow_bytes(stored, bits)
+    assert narrow.size == 8 * bits * 5 and np.array_equal(widen_bytes(narrow, bits), stored)
+    unit = 8 * bits  # the second unit's bytes: nibbles of 64 + j and 96 + j, high bits of 64 + i, 80 + i, ...
+    assert narrow[0] == (stored[0] & 15) | ((stored[32] & 15) << 4)
+    assert narrow[unit + 31] == (stored[64 + 31] & 15) | ((stored[64 + 63] & 15) << 4)
+    if bits == 6:
+        for u, i in [(0, 0), (0, 15), (1, 7)]:
+            high = [stored[64 * u + i + 16 * q] >> 4 for q in range(4)]
+            assert narrow[unit * u + 32 + i] == high[0] | high[1] << 2 | high[2] << 4 | high[3] << 6
+    with pytest.raises(ValueError, match=f"does not fit in {bits} bits"):
+        narrow_bytes(np.full(64, 1 << bits, np.uint8), bits)
+    offset = 1 << (bits - 1)
+    w = narrow_weights(64, 32, low=-offset, high=offset - 1)["wq"]
+    assert np.array_equal(pack_array(w, 64, 32, 4, offset, bits), narrow_bytes(pack_array(w, 64, 32, 4, offset), bits))
+    with pytest.raises(ValueError, match=f"does not fit in {bits} bits"):  # offset past the range
+        pack_array(np.full((32, 64), offset, np.int8), 64, 32, 4, offset, bits)
+    # without an offset the values are the stored bytes: within [0, 2**bits - 1] only
+    w = narrow_weights(64, 32, low=0, high=(1 << bits) - 1)["wq"]
+    assert np.array_equal(pack_array(w, 64, 32, 4, 0, bits), narrow_bytes(pack_array(w, 64, 32, 4), bits))
+    for value in (-1, 1 << bits):
+        with pytest.raises(ValueError, match=f"do not fit in {bits} bits without an offset"):
+            pack_array(np.full((32, 64), value, np.int8), 64, 32, 4, 0, bits)
+    with pytest.raises(ValueError, match="4, 5 or 6; not 3"):
+        pack_array(w, 64, 32, 4, 0, 3)
+
+
 @pytest.mark.parametrize("columns, rows", [(1, 0), (4, 0), (2, 3), (4, 3)])
-def test_five_bit_dot_kernels_are_bitwise(columns, rows):
+@pytest.mark.parametrize("bits, offset, low, high", NARROW)
+def test_narrow_dot_kernels_are_bitwise(bits, offset, low, high, columns, rows):
     """Column vectors and row tiles as the recipes make them, on widths with a shorter last block
-    (70: the padding's zeros are stored as 16 and subtracted back), at 1, 2, 3 and 8 threads."""
+    (70: the padding's zeros are stored as the offset and subtracted back), at 1, 2, 3 and 8
+    threads; without an offset nothing is subtracted."""
     require_lanes(16)
     g = projection_graph(70, 128)
-    w = five_bit_weights(96, 128, seed=columns)
+    w = narrow_weights(96, 128, seed=columns, low=low, high=high)
     w["wq"][:, 70:] = 0  # the graph's padding: zeros past the row's end
     tile = [Reorder("i0", "i1"), Split("i0", rows), UnrollJam("i0i", rows)] if rows else []
     schedule = tuple([Vectorize("i1", 16), DotProduct("j", 4)] + ([UnrollJam("i1", columns)] if columns > 1 else []) +
-                     [Pack("p2", 96, 16 * columns, 4, 16, 5), Pack("p4", 3, 16 * columns)] + tile + [Parallel("i1")])
+                     [Pack("p2", 96, 16 * columns, 4, offset, bits), Pack("p4", 3, 16 * columns)] + tile +
+                     [Parallel("i1")])
     lib = GraphLibrary(g, fuse=True, schedule=lambda k: schedule if k.op == "block_matmul" else ())
-    assert "nc_dot4u5_16(" in lib.source and "nc_dot4u_16(" not in lib.source
+    assert f"nc_dot4u{bits}_16(" in lib.source and "nc_dot4u_16(" not in lib.source
+    assert ("nc_sum_i8(" in lib.source) == bool(offset)  # the offset's correction
     check_bitwise(lib, g, w, np.random.default_rng(columns + rows))
 
 
-def test_five_bit_weights_read_outside_dot_products_are_rebuilt_byte_by_byte():
+@pytest.mark.parametrize("bits, offset, low, high", NARROW)
+def test_narrow_weights_read_outside_dot_products_are_rebuilt_byte_by_byte(bits, offset, low, high):
     """Scalar code (the plain products, as a tied embedding's gather reads the table) rebuilds
-    each stored byte (nc_load_u5) and subtracts the offset: bitwise as before."""
+    each stored byte (nc_load_u4, nc_load_u5, nc_load_u6) and subtracts the offset, if any: bitwise
+    as before."""
     g = projection_graph(70, 48)
-    w = five_bit_weights(96, 48, seed=6)
+    w = narrow_weights(96, 48, seed=6, low=low, high=high)
     w["wq"][:, 70:] = 0
-    plain = (Pack("p2", 96, 16, 4, 16, 5), Parallel("i1"))
+    plain = (Pack("p2", 96, 16, 4, offset, bits), Parallel("i1"))
     lib = GraphLibrary(g, fuse=True, schedule=lambda k: plain if k.op == "block_matmul" else ())
-    assert "nc_load_u5(" in lib.source
+    assert f"nc_load_u{bits}(" in lib.source
     check_bitwise(lib, g, w, np.random.default_rng(7), threads=(1, 3))
 
 
-def test_five_bits_are_read_by_sixteen_lane_dot_products_only():
+def test_narrow_bits_are_read_by_sixteen_lane_dot_products_only():
     g = projection_graph(64, 64)
     k = next(k for k in graph_kernels(g).values() if k.op == "block_matmul")
     with pytest.raises(ScheduleError, match="outside a dot product"):
         apply(k, (Vectorize("i1", 16), Pack("p2", 64, 16, 1, 16, 5)))
     with pytest.raises(ScheduleError, match="blocks of a multiple of 16 rows"):  # 8 lanes: 32-byte units
         apply(k, (Vectorize("i1", 8), DotProduct("j", 4), Pack("p2", 64, 8, 4, 16, 5), Pack("p4", 2, 8)))
-    with pytest.raises(ScheduleError, match="only 5, with groups of 4, an offset"):
-        apply(k, (Vectorize("i1", 16), DotProduct("j", 4), Pack("p2", 64, 16, 4, 0, 5)))
+    with pytest.raises(ScheduleError, match="only 4, 5 or 6, with groups of 4"):
+        apply(k, (Vectorize("i1", 16), DotProduct("j", 4), Pack("p2", 64, 16, 4, 16, 3)))
+    with pytest.raises(ScheduleError, match="only 4, 5 or 6, with groups of 4"):
+        apply(k, (Pack("p2", 64, 16, 1, 0, 4),))
+    with pytest.raises(ScheduleError, match="in 4 bits is read by dot products in 16 lanes only"):  # no offset
+        apply(k, (DotProduct("j", 4), Pack("p2", 64, 16, 4, 0, 4)))
+    with pytest.raises(ScheduleError, match="in 6 bits is read by dot products in 16 lanes only"):
+        apply(k, (DotProduct("j", 4), Pack("p2", 64, 16, 4, 32, 6)))
     text = "\n".join(str(d) for d in apply(k, (Vectorize("i1", 16), DotProduct("j", 4),
                                                Pack("p2", 64, 16, 4, 16, 5), Pack("p4", 2, 16))).schedule)
     assert "Pack(p2, 64, 16, 4, offset=16, bits=5)" in text
+    text = "\n".join(str(d) for d in apply(k, (Vectorize("i1", 16), DotProduct("j", 4),
+                                               Pack("p2", 64, 16, 4, 0, 4), Pack("p4", 2, 16))).schedule)
+    assert "Pack(p2, 64, 16, 4, bits=4)" in text

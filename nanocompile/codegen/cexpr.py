@@ -95,7 +95,7 @@ def c(e, top: bool = True) -> str:
     if isinstance(e, ByteSum):
         return f"nc_sum_i8({address(e.a.param, e.a.index)}, {e.count})"
     if isinstance(e, NarrowByte):  # scalar code only (schedule/narrow.py refuses lanes)
-        return f"nc_load_u5({e.a.param}, {c(e.a.index)})"
+        return f"nc_load_u{e.bits}({e.a.param}, {c(e.a.index)})"
     if isinstance(e, LaneMax):
         return f"nc_lane_max{e.lanes}({e.a.name})"
     raise TypeError(f"not a loop-IR expression: {e!r}")
@@ -230,12 +230,12 @@ class VectorC:
             return f"nc_i32_to_f32_{self.lanes}({self.expr(e.a)})"
         if isinstance(e, Dot):  # one operand the same in every lane (x), the other in groups (w)
             x, w = (e.a, e.b) if not self.is_vector(e.a) else (e.b, e.a)
-            if e.b_offset and w is not e.b:
+            if (e.b_offset or e.b_bits != 8) and w is not e.b:
                 raise TypeError(f"the unsigned operand {e.b.param} of a dot product is the same in every lane")
             helper = "nc_dot4u" if e.b_offset else "nc_dot4"  # u: w's bytes multiplied unsigned
-            if e.b_bits == 5:  # 64 bytes kept in 40 (schedule/narrow.py): the 8-bit index times 5/8
-                return (f"nc_dot4u5_{self.lanes}({self.splat(e.acc)}, {self.address(x.param, x.index)}, "
-                        f"{self.address(w.param, w.index, 5, 8)})")
+            if e.b_bits != 8:  # 64 bytes kept in 8 * bits (schedule/narrow.py): the 8-bit index times bits/8
+                return (f"nc_dot4u{e.b_bits}_{self.lanes}({self.splat(e.acc)}, {self.address(x.param, x.index)}, "
+                        f"{self.address(w.param, w.index, e.b_bits, 8)})")
             return (f"{helper}_{self.lanes}({self.splat(e.acc)}, {self.address(x.param, x.index)}, "
                     f"{self.address(w.param, w.index)})")
         if isinstance(e, Acc):

@@ -142,8 +142,10 @@ class Dot(Node):
     b_offset > 0: b's bytes are stored as value + b_offset (schedule.Pack's offset) and are
     multiplied as stored, unsigned (vpdpbusd's unsigned side); the sum is then the stored bytes'
     dot product, and whoever made this Dot subtracts b_offset * (the sum of a's values).
-    b_bits 5: b's stored bytes are in [0, 31], kept in 5 bits each (schedule.Pack's bits): the
-    index is still the byte's in the 8-bit layout; the load unpacks them (nc_dot4u5)."""
+    b_bits 4, 5 or 6: b's stored bytes are in [0, 2**b_bits - 1], kept in b_bits bits each
+    (schedule.Pack's bits) and multiplied unsigned, with b_offset 0 too (the bytes are then the
+    values: nothing to subtract); the index is still the byte's in the 8-bit layout; the load
+    unpacks them (nc_dot4u4, nc_dot4u5, nc_dot4u6). b_offset 0 with b_bits 8: both signed."""
     acc: Node
     a: Node  # Load of the first element
     b: Node
@@ -171,9 +173,10 @@ class ByteSum(Node):
 
 @dataclass(frozen=True)
 class NarrowByte(Node):
-    """The unsigned byte a (a Load of a weight Pack keeps in 5 bits, schedule/narrow.py) stands
-    for, rebuilt from its nibble and its fifth bit: a's index is the 8-bit layout's."""
+    """The unsigned byte a (a Load of a weight Pack keeps in `bits` bits, schedule/narrow.py)
+    stands for, rebuilt from its nibble and its high bits: a's index is the 8-bit layout's."""
     a: Node
+    bits: int = 5
     CHILDREN: ClassVar = ("a",)
 
 
@@ -321,7 +324,7 @@ def format_expr(e) -> str:
     if isinstance(e, ByteSum):
         return f"sum{e.count}({format_expr(e.a)})"
     if isinstance(e, NarrowByte):
-        return f"u5({format_expr(e.a)})"
+        return f"u{e.bits}({format_expr(e.a)})"
     if isinstance(e, LaneMax):
         return f"lane_max{e.lanes}({format_expr(e.a)})"
     raise TypeError(f"not a loop-IR expression: {e!r}")

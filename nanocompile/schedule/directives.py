@@ -69,9 +69,11 @@ class Pack:
     with group 4, each row's 4 consecutive k are adjacent (one 32-bit lane of a dot product).
     offset > 0 (int8 only): each value v is stored as the unsigned byte v + offset, so a dot
     product takes the weights as vpdpbusd's unsigned side (schedule/unsigned.py).
-    bits 5 (with group 4 and an offset): the stored bytes are within [0, 31] (a GGUF's 5-bit
-    blocks) and each 64 of them take 40 bytes: 32 of low nibbles, then the fifth bits as one
-    64-bit mask (schedule/narrow.py); only dot products in 16 lanes read them."""
+    bits 5 (with group 4, int8): the stored bytes are within [0, 31] (a GGUF's 5-bit blocks, with
+    offset 16) and each 64 of them take 40 bytes: 32 of low nibbles, then the fifth bits as one
+    64-bit mask; bits 4 and 6 alike keep bytes within [0, 15] in 32 and [0, 63] in 48
+    (schedule/narrow.py); only dot products in 16 lanes read them in vector lanes. With offset 0
+    the int8 values must already be within those ranges: they are the stored bytes."""
     param: str
     row: int
     block: int

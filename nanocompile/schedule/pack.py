@@ -18,7 +18,7 @@ from ..ir.expr import Expr
 from ..loopir.ir import Bin, IConst, Kernel, Lane, Load, Poly, Store, Var
 from ..loopir.traverse import find_loop, loops, rewrite, rewrite_in_loops, statements
 from .directives import Pack, ScheduleError
-from .narrow import UNIT, narrow_bytes, narrow_reads
+from .narrow import BITS, UNIT, narrow_bytes, narrow_reads
 from .unsigned import unsigned_reads
 
 PACKABLE_DTYPES = ("f32", "i8", "f16")
@@ -109,10 +109,13 @@ def pack(k: Kernel, d: Pack) -> tuple:
                                 f"{param.dtype} {param.access} buffer")
         body = unsigned_reads(k, d.param, d.offset, body)
     if d.bits != 8:
-        if d.bits != 5 or d.group != 4 or not d.offset or d.block * d.group % UNIT:
-            raise ScheduleError(f"{k.name}: Pack({d.param}) in {d.bits} bits: only 5, with groups of 4, an offset and "
+        if d.bits not in BITS or d.group != 4 or d.block * d.group % UNIT:
+            raise ScheduleError(f"{k.name}: Pack({d.param}) in {d.bits} bits: only 4, 5 or 6, with groups of 4 and "
                                 f"blocks of a multiple of {UNIT // 4} rows")
-        body = narrow_reads(k, d.param, body)
+        if param.dtype != "i8" or param.access != "read":
+            raise ScheduleError(f"{k.name}: Pack({d.param}) in {d.bits} bits stores int8 weights; {d.param} is a "
+                                f"{param.dtype} {param.access} buffer")
+        body = narrow_reads(k, d.param, body, d.bits, d.offset)
     if param.access == "read":
         return body
     vector_loops = [lp for lp in loops(body) if lp.lanes]
@@ -133,7 +136,8 @@ def pack(k: Kernel, d: Pack) -> tuple:
 def pack_array(array: np.ndarray, row: int, block: int, group: int = 1, offset: int = 0, bits: int = 8) -> np.ndarray:
     """A row-major weight in the blocked layout Pack(row, block, group, offset, bits) reads:
     [rows / block, row / group, block, group]; with an offset, int8 values v as uint8 v + offset;
-    in 5 bits, those bytes as schedule/narrow.py keeps them (flat: 5/8 of the bytes)."""
+    in 4, 5 or 6 bits, those bytes (or without an offset the values, within [0, 2**bits - 1]) as
+    schedule/narrow.py keeps them (flat: bits/8 of the bytes)."""
     flat = np.ascontiguousarray(array).reshape(-1, row)
     if flat.shape[0] % block or row % group:
         raise ValueError(f"{flat.shape[0]} rows of {row} do not divide into blocks of {block} and groups of {group}")
@@ -147,9 +151,15 @@ def pack_array(array: np.ndarray, row: int, block: int, group: int = 1, offset: 
                              f"an unsigned byte")
         blocked = shifted.astype(np.uint8)
     if bits != 8:
-        if bits != 5 or not offset:
-            raise ValueError(f"weights are stored in 8 bits, or in 5 with an offset; not {bits}")
-        return narrow_bytes(blocked)
+        if bits not in BITS:
+            raise ValueError(f"weights are stored in 8 bits, or in 4, 5 or 6; not {bits}")
+        if not offset:  # the int8 values are the stored bytes
+            if blocked.dtype != np.int8:
+                raise ValueError(f"weights in {bits} bits are int8, not {blocked.dtype}")
+            if blocked.min(initial=0) < 0 or blocked.max(initial=0) > (1 << bits) - 1:
+                raise ValueError(f"int8 values in [{int(blocked.min())}, {int(blocked.max())}] do not fit in {bits} "
+                                 f"bits without an offset: they must be within [0, {(1 << bits) - 1}]")
+        return narrow_bytes(blocked, bits)
     return blocked.reshape(array.shape)
 
 
