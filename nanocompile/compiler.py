@@ -58,7 +58,7 @@ class Options:
     choose: Callable | None = None   # kernel -> directives, replacing the recipes (tests)
     fma: bool | None = None          # matmul sums as fused multiply-adds; None: if the march has FMA
     tuned: tuple = ()                # (kernel digest, directives[, recipe]) measured on this CPU (nanocompile/tune)
-    narrow: tuple = ()               # int8 weights whose values fit 5 bits (a GGUF's Q5_0): kept so where the target can
+    narrow: tuple = ()               # (int8 weight, bits, offset) fitting 4-6 bits (a GGUF's Q5_0, Q4_K): kept so where the target can
     superblocks: tuple = ()          # (name, sub, block, mins): matrices in a K format's numbers (frontend weight_specs)
 
 
@@ -106,8 +106,8 @@ def run_separate(c: Compilation) -> None:
 
 
 def run_schedule(c: Compilation) -> None:
-    names = set(c.options.narrow)
-    narrow = frozenset(weight_buffer(w.cname) for w in c.signature.weights if w.name in names)
+    storage = {name: (bits, offset) for name, bits, offset in c.options.narrow}
+    narrow = {weight_buffer(w.cname): storage[w.name] for w in c.signature.weights if w.name in storage}
     c.packed = schedule_program(c.kernels, c.programs.values(), c.lanes, c.options.choose, tuned_map(c.options.tuned),
                                 dot_weight_offset(c.options.march), narrow)
 
@@ -195,12 +195,12 @@ class Module:
 
     @property
     def narrow_weights(self) -> list[str]:
-        """The weights kept in 5 bits (schedule/narrow.py)."""
-        return [w.name for w in self.weights if len(w.packed) == 5 and w.packed[4] == 5]
+        """The weights kept in fewer than 8 bits (schedule/narrow.py)."""
+        return [w.name for w in self.weights if len(w.packed) == 5 and w.packed[4] < 8]
 
     @property
     def narrow_hash(self) -> str | None:
-        names = self.narrow_weights
+        names = [(w.name, w.packed[4]) for w in self.weights if w.name in self.narrow_weights]
         return hashlib.sha256(json.dumps(names).encode()).hexdigest()[:20] if names else None
 
     @property
@@ -293,7 +293,7 @@ def compile_model(cfg: Qwen2Config, precision: str = "f32", max_chunk: int = DEF
                   narrow: tuple = (), superblocks: tuple = ()) -> Module:
     """A Qwen2 config, compiled: the frontend's step program through compile_program. tuned:
     (kernel digest, directives) pairs measured on this machine, used where they apply; narrow:
-    the int8 weights whose values fit 5 bits (quantize.NativeWeights.narrow); superblocks: the
+    (int8 weight, bits, offset) for the values that fit 4-6 bits (quantize.NativeWeights.narrow); superblocks: the
     matrices kept in a K format's numbers (quantize.NativeWeights.superblocks)."""
     superblocks = tuple(sorted(tuple(x) for x in superblocks))
     options = Options(precision=precision, max_chunk=max_chunk, march=march, fuse=fuse, schedule=schedule,

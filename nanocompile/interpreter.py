@@ -203,34 +203,29 @@ def block_matmul(xq: np.ndarray, xd: np.ndarray, wq: np.ndarray, wd: np.ndarray)
 
 def superblock_matmul(xq: np.ndarray, xd: np.ndarray, wq: np.ndarray, sc: np.ndarray, d: np.ndarray,
                       mn: np.ndarray | None = None, dmin: np.ndarray | None = None) -> np.ndarray:
-    """y[m, n] = sum over super-blocs B, in order from 0.0, of a_B * float32(d[n, B]) (minus
-    c_B * float32(dmin[n, B]) with mins), where, over the super-block's sub-blocks b in order from 0.0,
+    """y[m, n] = sum over super-blocks B, in order from 0.0, of xd[m, B] * t_B, where with the
+    super-block's sub-blocks s
 
-        a_B = sum of xd[m, b] * float32(sc[n, b] * isum_b),   isum_b = sum over b's k of xq * wq   (int32)
-        c_B = sum of xd[m, b] * float32(mn[n, b] * xsum_b),   xsum_b = sum over b's k of xq        (int32)
+        I_B = sum over s of sc[n, s] * (sum over s's k of xq * wq)      int32, exact
+        M_B = sum over s of mn[n, s] * (sum over s's k of xq)           int32, exact
+        t_B = float32(I_B) * float32(d[n, B])  (- float32(M_B) * float32(dmin[n, B]) with mins)
 
-    Each float32 operation rounded on its own; the integer products are exact (docs/PRIMITIVES.md)."""
+    each float32 operation rounded on its own (docs/PRIMITIVES.md)."""
     m, k = xq.shape
     n, nb, ns = wq.shape[0], sc.shape[1], d.shape[1]
     size, per_super = k // nb, nb // ns
-    x3 = xq.reshape(m, nb, size).astype(np.float32)
-    w3 = wq.reshape(n, nb, size).astype(np.float32)
+    # integers below 2^53: float64 products and sums are exact, in any order BLAS takes
+    x3 = xq.reshape(m, nb, size).astype(np.float64)
+    w3 = wq.reshape(n, nb, size).astype(np.float64)
     out = np.zeros((m, n), np.float32)
     for big in range(ns):
-        a = np.zeros((m, n), np.float32)
-        c = np.zeros((m, n), np.float32)
-        for b in range(big * per_super, (big + 1) * per_super):
-            # sums of at most 32 int8 products stay below 2^24: float32 holds them exactly in any
-            # order, and their product with an int8 sub-scale rounds once, as float32(int32) does
-            isum = x3[:, b] @ w3[:, b].T
-            a = a + xd[:, b:b + 1] * (isum * sc[:, b].astype(np.float32)[None, :])
-            if mn is not None:
-                xsum = x3[:, b].sum(axis=1, keepdims=True)
-                c = c + xd[:, b:b + 1] * (xsum * mn[:, b].astype(np.float32)[None, :])
-        part = a * d[:, big].astype(np.float32)[None, :]
+        subs = range(big * per_super, (big + 1) * per_super)
+        isum = sum((x3[:, b] @ w3[:, b].T) * sc[:, b].astype(np.float64)[None, :] for b in subs)
+        t = isum.astype(np.float32) * d[:, big].astype(np.float32)[None, :]
         if mn is not None:
-            part = part - c * dmin[:, big].astype(np.float32)[None, :]
-        out = out + part
+            msum = sum(x3[:, b].sum(axis=1, keepdims=True) * mn[:, b].astype(np.float64)[None, :] for b in subs)
+            t = t - msum.astype(np.float32) * dmin[:, big].astype(np.float32)[None, :]
+        out = out + xd[:, big:big + 1] * t
     return out
 
 

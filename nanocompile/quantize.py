@@ -130,13 +130,17 @@ def exact_in_int8(fmt: BlockFormat | None) -> bool:
     return fmt.signed or (q.start >= -127 and q.stop - 1 <= 127)
 
 
-def fits_five_bits(fmt: BlockFormat | None) -> bool:
-    """Whether fmt is exact in int8's form with every quant within [-16, 15] after its offset
-    (Q5_0, Q4_0): the kernels may keep such a weight in 5 bits (schedule/narrow.py)."""
-    if not exact_in_int8(fmt):
-        return False
+NARROW_BITS = (4, 5, 6)  # the widths a weight Pack keeps unsigned bytes in (schedule/narrow.py)
+
+
+def narrow_storage(fmt: BlockFormat | None) -> tuple[int, int] | None:
+    """(bits, offset): the fewest bits of NARROW_BITS that hold every quant of fmt (after its
+    offset) as an unsigned byte value + offset (Q4_0, Q4_K: 4; Q5_0, Q5_K: 5; Q6_K: 6), or None."""
+    if fmt is None:
+        return None
     q = quant_range(fmt)
-    return q.start >= -16 and q.stop - 1 <= 15
+    offset = max(0, -q.start)
+    return next(((bits, offset) for bits in NARROW_BITS if q.stop - 1 + offset < 1 << bits), None)
 
 
 def superblock_form(fmt: BlockFormat | None) -> bool:
@@ -270,11 +274,15 @@ class NativeWeights(Int8Weights):
         return sum(1 for _ in self)
 
     @property
-    def narrow(self) -> tuple[str, ...]:
-        """The int8 weights (name.qs) filled from stored blocks whose quants fit 5 bits."""
-        return tuple(sorted(f"{name}.qs" for name, kind in self.types.items()
-                            if self.blocks is not None and name not in self.fallbacks
-                            and fits_five_bits(format_named(kind))))
+    def narrow(self) -> tuple[tuple[str, int, int], ...]:
+        """(name.qs, bits, offset) of the int8 quants filled from stored blocks that fit fewer
+        than 8 bits (narrow_storage)."""
+        out = []
+        for name, kind in sorted(self.types.items()):
+            storage = narrow_storage(format_named(kind))
+            if self.blocks is not None and name not in self.fallbacks and storage:
+                out.append((f"{name}.qs",) + storage)
+        return tuple(out)
 
     def fallback_note(self) -> str | None:
         """One line naming the matrices that are requantized to Q8_0 and their types, or None."""
@@ -291,9 +299,10 @@ class NativeWeights(Int8Weights):
                 f"to Q8_0 ({'; '.join(parts)})")
 
 
-def narrow_weights(source, precision: str) -> tuple[str, ...]:
-    """The weights a library for `precision` may keep in 5 bits: native's from a model file's 5-bit
-    blocks; none for other precisions or for arrays handed over as they are."""
+def narrow_weights(source, precision: str) -> tuple[tuple[str, int, int], ...]:
+    """(weight, bits, offset) of the weights a library for `precision` may keep in fewer than 8
+    bits: native's from a model file's 4-, 5- and 6-bit blocks; none for other precisions or for
+    arrays handed over as they are."""
     if precision != "native" or not hasattr(source, "shapes"):
         return ()
     return NativeWeights.of_source(source).narrow

@@ -14,7 +14,7 @@ from nanocompile.checks import weights_in
 from nanocompile.choices import GRAPH_OF, PRECISIONS
 from nanocompile.formats import FORMATS, format_named
 from nanocompile.library import CompiledSession
-from nanocompile.quantize import Int8Weights, NativeWeights, exact_in_int8, quantize_q8_0
+from nanocompile.quantize import Int8Weights, NativeWeights, exact_in_int8, narrow_storage, quantize_q8_0
 from nanocompile.session import InterpreterSession, library_order, open_session
 from nanocompile.target import detect_march, dot_weight_offset, vector_lanes
 
@@ -142,8 +142,10 @@ def test_native_library_is_bitwise_its_unscheduled_build_and_the_interpreter(tin
     interp = InterpreterSession(model.config, model.weights, n_ctx=128, precision="native")
     assert interp.order == library_order()
     assert sorted(compiled.module.narrow_weights) == (NARROW if five_bits_here() else [])
-    split = sorted(n for n in compiled.module.kernels if n.endswith("_5bit"))  # layer 0's SwiGLU pair and down
-    assert len(split) == (2 if five_bits_here() else 0), split
+    # split by storage: layer 0's SwiGLU pair (Q4_0 gate in 4 bits, Q5_0 up in 5), layer 1's (its
+    # up falls back to 8 bits) and layer 0's Q5_0 down
+    split = sorted(n for n in compiled.module.kernels if n.endswith("bit"))
+    assert len(split) == (3 if five_bits_here() else 0), split
     assert ("nc_dot4u5_16(" in (compiled.lib.path.parent / "model.c").read_text()) == five_bits_here()
     runs = [[s.step(ids, all_logits=True)] + [s.step([t]) for t in (5, 6, 7)] for s in (compiled, plain, interp)]
     for other in runs[1:]:
@@ -173,8 +175,12 @@ def test_native_keeps_five_bit_weights_where_the_target_can(tiny_native, monkeyp
     if five_bits_here():
         assert native.module.fingerprint["narrow"] and int8.module.fingerprint["narrow"] is None
         assert native.lib.path != int8.lib.path
-        fives = sum(w.nbytes for w in native.module.weights if w.name in NARROW)
-        assert fives * 8 == sum(w.nbytes for w in int8.module.weights if w.name in NARROW) * 5
+        storage = {f"{name}.qs": narrow_storage(format_named(kind)) for name, kind in tiny_types(model.config).items()}
+        bits = {name: s[0] for name, s in storage.items() if s}
+        eight = {w.name: w.nbytes for w in int8.module.weights}
+        for w in native.module.weights:  # Q4_0 in 4 bits, Q5_0 in 5
+            if w.name in NARROW:
+                assert w.nbytes * 8 == eight[w.name] * bits[w.name], w.name
         assert native.packed_path.stat().st_size < int8.packed_path.stat().st_size
     else:
         assert native.lib.path == int8.lib.path and native.module.fingerprint == int8.module.fingerprint
@@ -238,6 +244,81 @@ def test_cli_runs_native(tiny_native):
     assert [int(t) for t in r.stdout.split()] == interp["tokens"]
 
 
+# K formats as stored ---------------------------------------------------------------------------
+
+K_CFG = dict(CFG, ffn=256)  # a down projection of whole 256-blocks
+K_TYPES = {"model.layers.0.mlp.down_proj.weight": "Q4_K", "model.layers.1.mlp.down_proj.weight": "Q6_K",
+           "model.layers.0.mlp.up_proj.weight": "Q5_0"}
+
+
+def superblock_values(parts: dict, fmt) -> np.ndarray:
+    """What superblock_matmul multiplies: sc * d * qs - mn * dmin per sub-block, as float32."""
+    per_super = fmt.block // fmt.sub
+    scale = parts["sc"].astype(np.float32) * np.repeat(parts["d"].astype(np.float32), per_super, axis=1)
+    w = np.repeat(scale, fmt.sub, axis=1) * parts["qs"].astype(np.float32)
+    if fmt.has_min:
+        least = parts["mn"].astype(np.float32) * np.repeat(parts["dmin"].astype(np.float32), per_super, axis=1)
+        w = w - np.repeat(least, fmt.sub, axis=1)
+    return w
+
+
+@pytest.fixture(scope="module")
+def tiny_k(tmp_path_factory):
+    """The tiny model with a Q4_K and a Q6_K down projection (ggml's reference quantizer)."""
+    from nanocompile.models import load_model
+
+    d = tmp_path_factory.mktemp("k")
+    cfg = tiny_config(**K_CFG)
+    path = write_gguf(d / "k.gguf", cfg, random_weights(cfg, seed=21), tensor_types=K_TYPES)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NANOCOMPILE_CACHE", str(d / "cache"))
+        return load_model(path, progress=False), d / "cache"
+
+
+def test_k_format_matrices_are_the_files_blocks(tiny_k):
+    """A Q4_K or Q6_K matrix is handed over in its parts (quants, integer sub-scales and mins,
+    float16 super-scales): their values are the gguf library's dequantization bit for bit, and
+    nothing is requantized."""
+    model, _ = tiny_k
+    native = weights_in("native", model.weights)
+    assert native.fallbacks == {} and native.fallback_note() is None
+    assert native.superblocks == (("model.layers.0.mlp.down_proj.weight", 32, 256, True),
+                                  ("model.layers.1.mlp.down_proj.weight", 16, 256, False))
+    for name, kind in K_TYPES.items():
+        if kind in EXACT:
+            continue
+        fmt = format_named(kind)
+        parts = {p: native[f"{name}.{p}"] for p in ("qs", "sc", "d", "mn", "dmin")[:5 if fmt.has_min else 3]}
+        assert same_bits(superblock_values(parts, fmt), dequantized(kind, model.weights.raw(name)[1])), name
+        with pytest.raises(KeyError, match="is stored as"):
+            native[name + ".mn" if not fmt.has_min else name + ".zz"]
+    assert sorted(n for n in native if "down_proj" in n) == sorted(
+        [f"model.layers.0.mlp.down_proj.weight.{p}" for p in ("qs", "sc", "d", "mn", "dmin")] +
+        [f"model.layers.1.mlp.down_proj.weight.{p}" for p in ("qs", "sc", "d")])
+
+
+def test_k_formats_run_as_stored_bitwise(tiny_k, monkeypatch):
+    """superblock_matmul in the model: the scheduled library (quants in 4 and 6 bits where the
+    target's dot products take them) is bit for bit its unfused, unscheduled build and the
+    interpreter: the prompt's logits, cached steps and the KV cache."""
+    model, cache = tiny_k
+    monkeypatch.setenv("NANOCOMPILE_CACHE", str(cache))
+    ids = [int(t) for t in np.random.default_rng(5).integers(0, model.config.vocab_size, 70)]
+    compiled = open_session(model, "compiled", n_ctx=128, threads=2, precision="native")
+    plain = CompiledSession(model.config, model.weights, n_ctx=128, precision="native", fuse=False, schedule=False)
+    interp = InterpreterSession(model.config, model.weights, n_ctx=128, precision="native")
+    source = (compiled.lib.path.parent / "model.c").read_text()
+    for bits in (4, 6):
+        assert (f"nc_dot4u{bits}_16(" in source) == five_bits_here(), bits
+    assert ("model.layers.1.mlp.down_proj.weight.qs" in compiled.module.narrow_weights) == five_bits_here()
+    runs = [[s.step(ids, all_logits=True)] + [s.step([t]) for t in (5, 6, 7)] for s in (compiled, plain, interp)]
+    for other in runs[1:]:
+        assert all(same_bits(a, b) for a, b in zip(runs[0], other))
+    for layer in range(model.config.num_hidden_layers):
+        for a, b, kv in zip(compiled.read_cache(layer), plain.read_cache(layer), "kv"):
+            assert same_bits(a, b) and same_bits(a, interp.cache[f"cache.{layer}.{kv}"])
+
+
 # the real default model (Q4_K_M) ---------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -261,20 +342,19 @@ def test_real_exact_tensors_are_the_files_values(real_model, real_native):
     assert counted == {"Q5_0": 24 * 6 - 12 + 1, "Q8_0": 12 + 1}
 
 
-def test_real_k_format_tensors_fall_back_with_the_note(real_model, real_native):
-    """Q4_K and Q6_K have per-16/32 sub-scales and mins in 256-blocks: no exact form in int8's
-    one float16 scale per 32. Each is requantized to Q8_0, the same numbers int8 uses."""
+def test_real_k_format_tensors_run_as_stored(real_model, real_native):
+    """The 24 down projections, 12 in Q4_K and 12 in Q6_K, run as stored (superblock_matmul):
+    nothing is requantized, and each matrix's parts give the gguf library's dequantization of the
+    file's tensor, bit for bit."""
     k_types = {name: real_model.weights.raw(name)[0] for name in real_native.types
                if real_model.weights.raw(name)[0] in ("Q4_K", "Q6_K")}
-    assert real_native.fallbacks == k_types and len(k_types) == 24
-    note = real_native.fallback_note()
-    print(note)
-    assert "24 tensor(s)" in note and "Q4_K: model.layers.{" in note and "Q6_K: model.layers.{" in note
-    layers = {kind: note.split(f"{kind}: model.layers.{{")[1].split("}")[0].split(",") for kind in ("Q4_K", "Q6_K")}
-    assert sorted(int(i) for v in layers.values() for i in v) == list(range(24))
-    name = next(iter(k_types))
-    qs, d = quantize_q8_0(real_model.weights.tensor(name))
-    assert np.array_equal(real_native[name + ".qs"], qs) and np.array_equal(real_native[name + ".d"], d)
+    assert len(k_types) == 24 and sorted(set(k_types.values())) == ["Q4_K", "Q6_K"]
+    assert real_native.fallbacks == {} and real_native.fallback_note() is None
+    assert {name for name, *_ in real_native.superblocks} == set(k_types)
+    for name, kind in k_types.items():
+        fmt = format_named(kind)
+        parts = {p: real_native[f"{name}.{p}"] for p in ("qs", "sc", "d", "mn", "dmin")[:5 if fmt.has_min else 3]}
+        assert same_bits(superblock_values(parts, fmt), dequantized(kind, real_model.weights.raw(name)[1])), name
 
 
 def test_real_native_library_is_bitwise_the_native_interpreter(real_model, real_native):
@@ -362,9 +442,10 @@ def test_real_native_against_llama_cpp_on_the_same_file(real_model, capsys):
 
 def test_real_native_packed_size(real_model, monkeypatch):
     """No float32 copy: the packed file holds each matrix in 1 byte per weight plus a float16
-    scale per 32, or 5 bits per weight where the file's blocks are 5-bit and the target keeps them
-    so, and the float32 vectors, exactly (alignment aside). Issue 13's gate, at most 1.2x the GGUF,
-    holds with the 5-bit weights (the 8-bit form is 1.36x)."""
+    scale per 32 (or, K formats, integer sub-scales per 16 or 32 and float16 super-scales per
+    256), or in 4, 5 or 6 bits per weight where the file's blocks are so and the target keeps
+    them so, and the float32 vectors, exactly (alignment aside). Issue 13's gate, at most 1.2x
+    the GGUF, holds with the narrow weights."""
     from nanocompile.layout import HEADER_BYTES, WEIGHT_ALIGN
 
     session = open_session(real_model, "compiled", n_ctx=64, threads=1, precision="native")
@@ -374,12 +455,12 @@ def test_real_native_packed_size(real_model, monkeypatch):
     assert data <= size - HEADER_BYTES <= data + WEIGHT_ALIGN * len(weights)  # alignment padding only
     eight_bit = sum(int(np.prod(w.shape)) * {"i8": 1, "f16": 2, "f32": 4}[w.dtype] for w in weights)
     gguf_size = Path(real_model.source).stat().st_size
-    print(f"packed native {size} B ({len(session.module.narrow_weights)} matrices in 5 bits), 8-bit form "
+    print(f"packed native {size} B ({len(session.module.narrow_weights)} matrices in 4-6 bits), 8-bit form "
           f"{eight_bit + HEADER_BYTES} B, GGUF {gguf_size} B: {size / gguf_size:.3f}x")
     if five_bits_here():
         # q, k, o, gate, up in 24 layers and v in the 12 where it is Q5_0 (its kernel is split by
         # storage from the Q8_0 layers'); the embedding is only gathered here, the file having its
         # own Q8_0 output weight
-        assert len(session.module.narrow_weights) == 132
+        assert len(session.module.narrow_weights) == 132 + 24  # and the down projections in 4 or 6 bits
         assert sum(name.endswith("v_proj.weight.qs") for name in session.module.narrow_weights) == 12
         assert size <= 1.2 * gguf_size

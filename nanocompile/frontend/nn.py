@@ -78,9 +78,9 @@ def linear_k(b: GraphBuilder, x: int, qs: int, sc: int, d: int, mn: int | None =
              bias: int | None = None) -> int:
     """x @ W.T (+ bias) with W in a K format's numbers (Q4_K, Q6_K: integer quants, an integer
     scale (and min) per sub-block, float16 super-scales): the activations quantized per row in
-    blocks of the sub-block's size, then superblock_matmul."""
+    blocks of the super-block's size (as ggml's Q8_K pairs with them), then superblock_matmul."""
     k = b.shape(qs)[1].as_int()
-    xq, xd = quantize_blocks(b, x, k // b.shape(sc)[1].as_int())
+    xq, xd = quantize_blocks(b, x, k // b.shape(d)[1].as_int())
     y = b.superblock_matmul(xq, xd, qs, sc, d, mn, dmin)
     if bias is not None:
         rows, cols = b.shape(y)

@@ -159,7 +159,7 @@ class GraphBuilder:
 
     def superblock_matmul(self, xq: int, xd: int, wq: int, sc: int, d: int, mn: int | None = None,
                           dmin: int | None = None) -> int:
-        return self._add("superblock_matmul", (xq, xd, wq, sc, d) + (() if mn is None else (mn, dmin)))
+        return self._add("superblock_matmul", (xq, xd, wq, sc, d) + tuple(a for a in (mn, dmin) if a is not None))
     def cast(self, x: int, dtype: str) -> int: return self._add("cast", (x,), dtype=dtype)
 
     def output(self, name: str, x: int) -> None:

@@ -182,10 +182,13 @@ def infer_block_matmul(args, attrs):
     return (xq[0], wq[0]), "f32"
 
 
+SUPERBLOCK = 256  # the largest super-block: 256 * 127 * 128 * 128 < 2^31 keeps its integer sums exact
+
+
 def infer_superblock_matmul(args, attrs):
-    """xq i8[M, K] x wq i8[N, K] in sub-blocks of B = K / nb: xd f32[M, nb] (the activations'
-    block scales), sc i8[N, nb] (integer sub-scales), d f16[N, ns] (a super-scale per nb / ns
-    sub-blocks), and optionally mn i8[N, nb] with dmin f16[N, ns] (integer sub-mins) -> f32[M, N]."""
+    """xq i8[M, K] x wq i8[N, K] in ns super-blocks of nb sub-blocks: xd f32[M, ns] (the
+    activations' scale per super-block), sc i8[N, nb] (integer sub-scales), d f16[N, ns]
+    (super-scales), and optionally mn i8[N, nb] with dmin f16[N, ns] (integer sub-mins) -> f32[M, N]."""
     _expect(len(args) in (5, 7), f"superblock_matmul: wants 5 or 7 operands (xq, xd, wq, sc, d[, mn, dmin]), "
                                  f"got {len(args)}")
     dtypes = tuple(t for _, t in args)
@@ -199,15 +202,16 @@ def infer_superblock_matmul(args, attrs):
     _expect(wq[1] == k, f"superblock_matmul: reduction lengths differ, {shape_str(xq)} and {shape_str(wq)}")
     _expect(ns.as_int() > 0 and nb.as_int() % ns.as_int() == 0 and k.as_int() % nb.as_int() == 0,
             f"superblock_matmul: {k} values in {nb} sub-blocks in {ns} super-blocks do not divide evenly")
-    _expect(xd == (xq[0], nb), f"superblock_matmul: activation scales {shape_str(xd)} should be [{xq[0]}, {nb}]")
+    _expect(k.as_int() // ns.as_int() <= SUPERBLOCK,
+            f"superblock_matmul: super-blocks of {k.as_int() // ns.as_int()} values exceed {SUPERBLOCK}: their "
+            f"integer sums could leave int32")
+    _expect(xd == (xq[0], ns), f"superblock_matmul: activation scales {shape_str(xd)} should be [{xq[0]}, {ns}]")
     _expect(sc == (wq[0], nb), f"superblock_matmul: sub-scales {shape_str(sc)} should be [{wq[0]}, {nb}]")
-    _expect(d[0] == wq[0], f"superblock_matmul: super-scales {shape_str(d)} should have {wq[0]} rows")
+    _expect(d == (wq[0], ns), f"superblock_matmul: super-scales {shape_str(d)} should be [{wq[0]}, {ns}]")
     if len(args) == 7:
         _expect(shapes[5] == sc and shapes[6] == d,
                 f"superblock_matmul: sub-mins {shape_str(shapes[5])} and their super-scales {shape_str(shapes[6])} "
                 f"should be shaped as {shape_str(sc)} and {shape_str(d)}")
-    _expect(k.as_int() // nb.as_int() <= QBLOCK, f"superblock_matmul: sub-blocks of {k.as_int() // nb.as_int()} values "
-                                                 f"exceed {QBLOCK}: their int8 sums would leave float32's exact range")
     return (xq[0], wq[0]), "f32"
 
 

@@ -360,44 +360,41 @@ class KernelBody:
         return self.reduction(n.id, block, extent(xd.shape[-1]), "sum", "b", idx)
 
     def superblock_matmul(self, n: Node, args, idx) -> Acc:
-        """A float32 sum over super-blocks, in order, each the sum over its sub-blocks of the
-        activation scale times the exact int32 dot product times the integer sub-scale (and the
-        same with the activations' sum and the sub-min), then scaled by the super-scales
-        (docs/PRIMITIVES.md). float32(isum) * float32(sc) is the exact product rounded once, as
-        float32(sc * isum) is (both below 2^24 in magnitude, the product below 2^31)."""
+        """A float32 sum over super-blocks, in order, of the activations' scale times each
+        super-block's exact int32 sums (the sub-blocks' dot products times their integer
+        sub-scales, and with mins the activations' sums times the sub-mins) scaled by the
+        super-scales: acc = acc + xd * (float(I) * d - float(M) * dmin) (docs/PRIMITIVES.md)."""
         xq, xd, wq, sc, d = args[:5]
         mins = args[5:]
         row, col = idx
         k, nb, ns = xq.shape[1].as_int(), sc.shape[1].as_int(), d.shape[1].as_int()
         size, per_super = k // nb, nb // ns
 
-        def sub_index(big, s):
-            return Bin("+", Bin("*", big, IConst(per_super)), s) if per_super > 1 else big
-
         def super_block(big):
-            def products(b):
+            def sub_index(s):
+                return Bin("+", Bin("*", big, IConst(per_super)), s) if per_super > 1 else big
+
+            def scaled_dot(s):
+                b = sub_index(s)
+
                 def product(j):
                     at = Bin("+", Bin("*", b, IConst(size)), j)
                     return Bin("*", Cast("i32", self.load(xq, "i8", [row, at])), Cast("i32", self.load(wq, "i8", [col, at])))
-                return self.reduction(n.id, product, IConst(size), "sum", "j", [row, col, b], dtype="i32")
 
-            def scales_part(s):
-                b = sub_index(big, s)
-                exact = Bin("*", Cast("f32", products(b)), Cast("f32", self.load(sc, "i8", [col, b])))
-                return Bin("*", self.load(xd, "f32", [row, b]), exact)
+                isum = self.reduction(n.id, product, IConst(size), "sum", "j", [row, col, b], dtype="i32")
+                return Bin("*", isum, Cast("i32", self.load(sc, "i8", [col, b])))
 
-            def mins_part(s):
-                b = sub_index(big, s)
+            def scaled_sum(s):
+                b = sub_index(s)
                 xsum = ByteSum(self.load(xq, "i8", [row, Bin("*", b, IConst(size))]), size)
-                exact = Bin("*", Cast("f32", xsum), Cast("f32", self.load(mins[0], "i8", [col, b])))
-                return Bin("*", self.load(xd, "f32", [row, b]), exact)
+                return Bin("*", xsum, Cast("i32", self.load(mins[0], "i8", [col, b])))
 
-            a = self.reduction(n.id, scales_part, IConst(per_super), "sum", "s", [row, col, big])
-            part = Bin("*", a, Cast("f32", self.load(d, "f16", [col, big])))
+            dots = self.reduction(n.id, scaled_dot, IConst(per_super), "sum", "s", [row, col, big], dtype="i32")
+            t = Bin("*", Cast("f32", dots), Cast("f32", self.load(d, "f16", [col, big])))
             if mins:
-                c = self.reduction(n.id, mins_part, IConst(per_super), "sum", "s", [row, col, big])
-                part = Bin("-", part, Bin("*", c, Cast("f32", self.load(mins[1], "f16", [col, big]))))
-            return part
+                sums = self.reduction(n.id, scaled_sum, IConst(per_super), "sum", "s", [row, col, big], dtype="i32")
+                t = Bin("-", t, Bin("*", Cast("f32", sums), Cast("f32", self.load(mins[1], "f16", [col, big]))))
+            return Bin("*", self.load(xd, "f32", [row, big]), t)
 
         return self.reduction(n.id, super_block, IConst(ns), "sum", "b", idx)
 

@@ -22,9 +22,17 @@ def weight_params(kernels: dict[str, Kernel], programs, kind: str = "weight") ->
     return _bound(kernels, programs, lambda prog, buffer: prog.buffers[buffer].kind == kind)
 
 
-def _bound_to(kernels: dict[str, Kernel], programs, buffers: set) -> dict[str, frozenset]:
-    """Kernel name -> its parameters bound to one of buffers in every call."""
-    return _bound(kernels, programs, lambda prog, buffer: buffer in buffers)
+def _narrow_params(kernels: dict[str, Kernel], programs, narrow: dict) -> dict[str, dict]:
+    """Kernel name -> {parameter: (bits, offset)} for its parameters bound to a narrow buffer of
+    the same storage in every call (split_by_storage made the calls of a kernel agree)."""
+    storage: dict[str, dict] = {}
+    for prog in programs:
+        for call in prog.calls:
+            params = storage.setdefault(call.kernel, {})
+            for p, buffer in zip(kernels[call.kernel].params, call.args):
+                params.setdefault(p.name, set()).add(narrow.get(buffer))
+    return {name: {p: kinds.pop() for p, kinds in params.items() if len(kinds) == 1 and None not in kinds}
+            for name, params in storage.items()}
 
 
 def _bound(kernels: dict[str, Kernel], programs, test) -> dict[str, frozenset]:
@@ -39,19 +47,25 @@ def _bound(kernels: dict[str, Kernel], programs, test) -> dict[str, frozenset]:
     return {name: frozenset(p for p, ok in flags.items() if ok) for name, flags in seen.items()}
 
 
-def split_by_storage(kernels: dict[str, Kernel], programs, narrow: set) -> None:
-    """A kernel called on 5-bit weights in some calls and on 8-bit ones in others (a GGUF whose
-    v_proj is Q5_0 in some layers and Q8_0 in others) becomes one kernel per storage: the calls on
-    5-bit weights go to a copy named <name>_5bit, so they can read their weights so, and the other
-    calls keep the kernel."""
+def split_by_storage(kernels: dict[str, Kernel], programs, narrow: dict) -> None:
+    """A kernel called on narrow weights (narrow: buffer -> (bits, offset)) in some calls and on
+    others stored otherwise (a GGUF whose v_proj is Q5_0 in some layers and Q8_0 in others)
+    becomes one kernel per storage: the calls on narrow weights go to a copy named after their
+    widths (<name>_5bit, <name>_4bit_5bit), so they can read their weights so, and the calls on
+    8-bit weights keep the kernel."""
     for name, k in list(kernels.items()):
-        calls = [(prog, i, tuple(b in narrow for b in call.args))
+        calls = [(prog, i, tuple(narrow.get(b) for b in call.args))
                  for prog in programs for i, call in enumerate(prog.calls) if call.kernel == name]
         kinds = {kind for _, _, kind in calls}
         if len(kinds) < 2:
             continue
-        for n, kind in enumerate(sorted(kinds - {(False,) * len(k.params)})):
-            copy = dataclasses.replace(k, name=f"{name}_5bit" + (f"{n + 1}" if n else ""))
+        names: set[str] = set()
+        for kind in sorted(kinds - {(None,) * len(k.params)}, key=repr):
+            base = name + "".join(f"_{bits}bit" for bits in sorted({s[0] for s in kind if s}))
+            copy_name = next(base + (f"_{n}" if n else "") for n in range(len(kinds)) if base + (f"_{n}" if n else "")
+                             not in names)
+            names.add(copy_name)
+            copy = dataclasses.replace(k, name=copy_name)
             kernels[copy.name] = copy
             for prog, i, _ in (c for c in calls if c[2] == kind):
                 prog.calls[i] = dataclasses.replace(prog.calls[i], kernel=copy.name)
@@ -94,7 +108,7 @@ def _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, un
         blocked = state.get(name, frozenset()) - bound.get(name, set())
         recipe = tuple(choose(k) if choose else
                        default_schedule(k, lanes, weights.get(name, ()), blocked, dot_offset,
-                                        (narrow or {}).get(name, ())))
+                                        (narrow or {}).get(name, {})))
         measured, against = (tuned or {}).get(kernel_digest(k), (None, None))
         if measured is not None and against in (None, recipe) and is_legal(k, measured) and not (
                 bound.get(name, set()) & {d.param for d in measured if isinstance(d, Pack)}):
@@ -106,23 +120,23 @@ def _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, un
 
 def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=None,
                      tuned: dict | None = None, dot_offset: int = 0,
-                     narrow: frozenset = frozenset()) -> dict[str, tuple[int, int]]:
+                     narrow: dict | None = None) -> dict[str, tuple[int, int]]:
     """Schedules every kernel in place; returns buffer -> (row, block) for the packed weights.
     choose(kernel) -> directives replaces the recipes (tests use it to try other schedules);
     tuned maps kernel_digest() to a schedule measured on this machine and the recipe it was
     measured against (nanocompile/tune, tuned_map), used where it applies instead of the recipe; dot_offset: the recipes' int8 weight offset
-    (target.dot_weight_offset); narrow: weight buffers whose values fit 5 bits, kept so by the
-    recipes where every kernel reading one takes it so (a tied embedding's gather does not: such
-    a buffer stays 8-bit); a kernel called on both 5-bit and 8-bit weights is split in two first
-    (split_by_storage)."""
+    (target.dot_weight_offset); narrow: weight buffer -> (bits, offset) for the values that fit
+    4-6 bits, kept so by the recipes where every kernel reading one takes it so (a tied
+    embedding's gather does not: such a buffer stays 8-bit); a kernel called on weights stored
+    differently is split first (split_by_storage)."""
     programs = list(programs)
-    split_by_storage(kernels, programs, set(narrow))
+    narrow = dict(narrow or {})
+    split_by_storage(kernels, programs, narrow)
     weights = weight_params(kernels, programs)
     state = weight_params(kernels, programs, "state")
     unpackable: set[str] = set()  # state buffers a kernel cannot read in blocks: they stay position-major
-    narrow = set(narrow)
     while True:
-        narrow_params = _bound_to(kernels, programs, narrow)
+        narrow_params = _narrow_params(kernels, programs, narrow)
         schedules = _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, unpackable, dot_offset,
                                      narrow_params)
 
@@ -154,10 +168,11 @@ def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=No
                         # if neither applies (and no state buffer is to blame), apply() below raises
                         schedules[call.kernel] = chosen or candidates[-1]
                         changed = True
-        if not refused - unpackable and not refused & narrow:
+        if not refused - unpackable and not refused & set(narrow):
             break
-        unpackable |= refused - narrow
-        narrow -= refused  # read by a kernel that cannot take 5 bits: every kernel reads it in 8
+        unpackable |= refused - set(narrow)
+        for buffer in refused:  # read by a kernel that cannot take it narrow: every kernel reads it in 8 bits
+            narrow.pop(buffer, None)
     packed = layouts(strict=True)  # raises if a parameter is bound to a packed and an unpacked weight
     for name, k in list(kernels.items()):
         kernels[name] = apply(k, schedules[name])

@@ -52,7 +52,7 @@ TILES = {16: (6, 24), 8: (4, 12)}
 # 4 column vectors x 2 = 24 of 32 registers, leaving the weights' vectors and the activation's
 # |x| and sign; AVX2: 2 rows x 2 column vectors x 2 = 8 of 16.
 TILES_INT8 = {16: (3, 24), 8: (2, 8)}
-NARROW_LANES, NARROW_OFFSET = 16, 16  # 5-bit weights: 16-lane dot products, values in [-16, 15] stored + 16
+NARROW_LANES = 16  # weights in 4-6 bits: read by 16-lane dot products only (schedule/narrow.py)
 ATTENTION_ROWS = 8  # query rows unrolled and jammed in attention when they are not a multiple of a group
 SCORE_VECTORS = 4   # vectors of keys per block of stored keys (independent sums in attention's scores)
 
@@ -69,14 +69,14 @@ KNOBS = {
 
 
 def default_schedule(k: Kernel, lanes: int = 0, weights=frozenset(), state=frozenset(), dot_offset: int = 0,
-                     narrow=frozenset()) -> tuple:
+                     narrow=None) -> tuple:
     """The first legal candidate of the kernel's recipes. lanes: 16 (AVX-512), 8 (AVX2) or 0
     (no vector code); weights: the parameters bound to weights, which may be packed; state: those
     bound to state buffers, which may be packed in blocks of positions; dot_offset: what int8
     weights read by dot products are stored plus, unsigned (target.dot_weight_offset); narrow:
-    the int8 weights whose values fit 5 bits, kept so where the target's dot products take them
-    (16 lanes, unsigned)."""
-    return first_legal(k, _candidates(k, lanes, frozenset(weights), frozenset(state), dot_offset, frozenset(narrow)))
+    {int8 weight parameter: (bits, offset)} for the values that fit 4-6 bits, kept so where the
+    target's dot products take them (16 lanes, unsigned)."""
+    return first_legal(k, _candidates(k, lanes, frozenset(weights), frozenset(state), dot_offset, dict(narrow or {})))
 
 
 def _column_loop(k: Kernel):
@@ -143,7 +143,7 @@ def _superblock_operands(k: Kernel, supers: Loop, subs: Loop, products: Loop, we
 
 
 def _superblock_projection(k: Kernel, col: Loop, row, supers: Loop, subs: Loop, products: Loop, lanes: int,
-                           weights: frozenset, dot_offset: int = 0, narrow: frozenset = frozenset()):
+                           weights: frozenset, dot_offset: int = 0, narrow: dict | None = None):
     """A superblock projection (superblock_projection) with as many column vectors and rows per
     tile as TILES_INT8's budget holds for its sums (an int32 and three float32 per lane)."""
     operands = _superblock_operands(k, supers, subs, products, weights)
@@ -161,7 +161,7 @@ def _superblock_projection(k: Kernel, col: Loop, row, supers: Loop, subs: Loop, 
 
 
 def superblock_projection(col: Loop, row, supers: Loop, subs: Loop, products: Loop, lanes: int, quants: list,
-                          scales: list, dot_offset: int, columns: int, rows: int, narrow: frozenset = frozenset()) -> list:
+                          scales: list, dot_offset: int, columns: int, rows: int, narrow: dict | None = None) -> list:
     """A superblock_matmul as an int8 projection (block_projection): the quants in dot products
     of 4, each integer sub-scale, sub-min and float16 super-scale packed so the lanes' are adjacent."""
     elements = supers.extent.value * subs.extent.value * products.extent.value
@@ -170,7 +170,7 @@ def superblock_projection(col: Loop, row, supers: Loop, subs: Loop, products: Lo
 
 
 def _candidates(k: Kernel, lanes: int, weights: frozenset, state: frozenset = frozenset(), dot_offset: int = 0,
-                narrow: frozenset = frozenset()):
+                narrow: dict | None = None):
     block = _block_column_loop(k)
     if block and lanes:
         yield from _block_projection(k, *block, lanes, weights, dot_offset, narrow)
@@ -251,7 +251,7 @@ def projection(col: Loop, row, reduction: Loop, lanes: int, packed: list, column
 
 
 def _block_projection(k: Kernel, col: Loop, row, blocks: Loop, products: Loop, lanes: int, weights: frozenset,
-                      dot_offset: int = 0, narrow: frozenset = frozenset()):
+                      dot_offset: int = 0, narrow: dict | None = None):
     """An int8 projection (block_projection), with as many column vectors and (prefill) rows per
     tile as TILES_INT8's register budget holds: each lane keeps an int32 sum and a float32 sum,
     2 registers per column vector and row."""
@@ -280,23 +280,24 @@ def _block_operands(k: Kernel, blocks: Loop, products: Loop, weights: frozenset)
 
 
 def block_projection(col: Loop, row, blocks: Loop, products: Loop, lanes: int, quants: list, scales: list,
-                     dot_offset: int, columns: int, rows: int, narrow: frozenset = frozenset()) -> list:
+                     dot_offset: int, columns: int, rows: int, narrow: dict | None = None) -> list:
     """An int8 projection: columns in vector lanes, each block's products as dot products of 4
     (DotProduct), the int8 weights packed so a lane's 4 values are adjacent (stored plus
     dot_offset, unsigned, where the target takes them so) and the float16 scales so the lanes'
     are; `columns` vectors per tile and `rows` rows (0: the rows stay outside) sharing each
-    activation group; the column blocks across threads. Weights in narrow are kept in 5 bits
-    (offset 16) where 16 lanes take them unsigned (schedule/narrow.py)."""
+    activation group; the column blocks across threads. Weights in narrow are kept in their bits
+    (stored plus their offset) where 16 lanes take them unsigned (schedule/narrow.py)."""
     n_blocks = blocks.extent.value
     return _quantized_projection(col, row, n_blocks * products.extent.value, products.var, lanes, quants,
                                  [(p, n_blocks) for p in scales], dot_offset, columns, rows, narrow)
 
 
 def _quantized_projection(col: Loop, row, elements: int, products: str, lanes: int, quants: list, scales: list,
-                          dot_offset: int, columns: int, rows: int, narrow: frozenset) -> list:
+                          dot_offset: int, columns: int, rows: int, narrow: dict | None) -> list:
     """block_projection's directives for quants in rows of `elements` and scales [(param, row)]."""
-    five = lanes == NARROW_LANES and dot_offset > 0
-    packs = [Pack(p, elements, lanes * columns, 4, NARROW_OFFSET, 5) if five and p in narrow else
+    narrow = narrow or {}
+    fewer = lanes == NARROW_LANES and dot_offset > 0  # vpdpbusd on unsigned bytes
+    packs = [Pack(p, elements, lanes * columns, 4, narrow[p][1], narrow[p][0]) if fewer and p in narrow else
              Pack(p, elements, lanes * columns, 4, dot_offset) for p in quants] + \
         [Pack(p, n, lanes * columns) for p, n in scales]
     head = [Vectorize(col.var, lanes), DotProduct(products, 4)] + \

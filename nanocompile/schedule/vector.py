@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..loopir.affine import build, linear
-from ..loopir.ir import AccInit, AccUpdate, Bin, Cast, Dot, IConst, Kernel, Lane, Load, Loop, Select, Store, Var, dtype_of
+from ..loopir.ir import AccInit, AccUpdate, Bin, Cast, Dot, IConst, Kernel, Lane, Load, Select, Store, Var, dtype_of
 from ..loopir.traverse import (contains, declared, expressions, find_loop, loads, loops, replace, rewrite,
                                statements, substitute, walk)
 from .directives import ScheduleError, Vectorize

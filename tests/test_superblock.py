@@ -1,0 +1,197 @@
+"""superblock_matmul: the K formats (Q2_K .. Q6_K) run as stored, with integer sub-scales and
+sub-mins under float16 super-scales. The interpreter is the definition (docs/PRIMITIVES.md); its
+integer parts are exact, so every kernel is bitwise equal to it: the scalar form, the recipe at
+every target this CPU runs, and the quants kept in the fewest bits the format allows (4, 5 or 6,
+schedule/narrow.py) where 16 lanes take them, at 1, 2, 3 and 8 threads with guard regions."""
+import numpy as np
+import pytest
+
+from nanocompile import interpreter
+from nanocompile.codegen.graph_library import GraphLibrary
+from nanocompile.ir.ops import IRError
+from nanocompile.formats import dequantize, format_named
+from nanocompile.frontend import nn
+from nanocompile.ir import SEQ
+from nanocompile.ir.graph import GraphBuilder
+from nanocompile.quantize import narrow_storage, split_superblocks, superblock_form, superblock_parts
+from nanocompile.schedule.recipes import _superblock_column_loop, _superblock_operands, superblock_projection
+from nanocompile.target import dot_weight_offset, runnable_targets, vector_lanes
+
+from helpers import THREADS, make_graph
+from test_int8 import TARGETS, activations, require_target
+
+pytestmark = pytest.mark.c
+
+K_FORMATS = ["Q4_K", "Q6_K", "Q5_K", "Q3_K", "Q2_K"]
+DTYPES = {"qs": "i8", "sc": "i8", "d": "f16", "mn": "i8", "dmin": "f16"}
+
+
+def superblock_graph(fmt, k, n):
+    """x f32[seq, k] quantized in blocks of the format's sub-block, times a [n, k] weight in the
+    format's parts (weights named as the parts): the product and the quantized activations."""
+    shapes = {"qs": [n, k], "sc": [n, k // fmt.sub], "d": [n, k // fmt.block], "mn": [n, k // fmt.sub],
+              "dmin": [n, k // fmt.block]}
+
+    def build(b):
+        x = b.input("x", [SEQ, k])
+        w = {p: b.weight(p, shapes[p], DTYPES[p]) for p in superblock_parts(fmt)}
+        y = nn.linear_k(b, x, w["qs"], w["sc"], w["d"], w.get("mn"), w.get("dmin"))
+        return [y]
+
+    return make_graph(f"{fmt.name}_{k}x{n}", build)
+
+
+def random_blocks(fmt, rows, k, rng, extremes=True):
+    """Random bits with finite float16 super-scales; with extremes, row 0 has every bit set (the
+    largest quants, sub-scales and mins; Q6_K's most negative sub-scale) and row 1 every bit clear."""
+    raw = rng.integers(0, 256, (rows, k // fmt.block, fmt.nbytes), dtype=np.uint8)
+    if extremes:
+        raw[0], raw[1] = 255, 0
+    for f in fmt.fields:
+        if f.dtype == "f16":
+            scale = (rng.random((rows, k // fmt.block, f.count)) * 0.01 + 1e-3).astype(np.float16)
+            raw[:, :, f.offset:f.offset + f.nbytes] = scale.view(np.uint8).reshape(rows, k // fmt.block, -1)
+    return raw
+
+
+def check_bitwise(lib, g, w, rng, threads=THREADS, seqs=(1, 3, 7)):
+    k = g.inputs()["x"].shape[1].as_int()
+    for seq in seqs:
+        for kind in ("normal", "zero_block", "outlier"):
+            x = activations(seq, k, rng, kind)
+            want = interpreter.run(g, {"seq": seq, "past": 0}, {"x": x}, w)["out0"]
+            for t in threads:
+                got = lib.run({"seq": seq, "past": 0}, {"x": x}, w, threads=t)["out0"]
+                assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (seq, kind, t)
+
+
+def weights_of(name, k=512, n=64, seed=0):
+    fmt = format_named(name)
+    raw = random_blocks(fmt, n, k, np.random.default_rng(seed))
+    return fmt, raw, split_superblocks(raw, fmt, n, k)
+
+
+@pytest.mark.parametrize("name", K_FORMATS)
+def test_parts_are_the_files_numbers(name):
+    """sc * d * qs - mn * dmin per sub-block is ggml's dequantization bit for bit: the products
+    of small integers and a float16 are exact, so only the last multiply and subtract round."""
+    fmt, raw, parts = weights_of(name)
+    assert superblock_form(fmt)
+    per_super = fmt.block // fmt.sub
+    scale = parts["sc"].astype(np.float32) * np.repeat(parts["d"].astype(np.float32), per_super, axis=1)
+    w = np.repeat(scale, fmt.sub, axis=1) * parts["qs"].astype(np.float32)
+    if fmt.has_min:
+        least = parts["mn"].astype(np.float32) * np.repeat(parts["dmin"].astype(np.float32), per_super, axis=1)
+        w = w - np.repeat(least, fmt.sub, axis=1)
+    assert np.array_equal(w.view(np.uint32), dequantize(fmt, raw.reshape(-1)).reshape(w.shape).view(np.uint32))
+
+
+@pytest.mark.parametrize("name", K_FORMATS)
+def test_definition_against_exact_arithmetic(name):
+    """The interpreter's result, recomputed from int64 sums over each super-block and float32
+    steps in the stated order; and within float32 rounding of the exact product of the
+    quantized activations (one scale per 256, as ggml's Q8_K) with the dequantized weights."""
+    fmt, raw, p = weights_of(name, seed=1)
+    g = superblock_graph(fmt, 512, 64)
+    x = activations(3, 512, np.random.default_rng(2))
+    got = interpreter.run(g, {"seq": 3, "past": 0}, {"x": x}, p)["out0"]
+    b = GraphBuilder("q")
+    xq, xd = nn.quantize_blocks(b, b.input("x", [SEQ, 512]), fmt.block)
+    b.output("xq", xq)
+    b.output("xd", xd)
+    q = interpreter.run(b.finish(), {"seq": 3, "past": 0}, {"x": x}, {})
+    xq, xd = q["xq"].astype(np.int64), q["xd"]
+    n_sub, per_super = 512 // fmt.sub, fmt.block // fmt.sub
+    xs, ws = xq.reshape(3, n_sub, fmt.sub), p["qs"].astype(np.int64).reshape(64, n_sub, fmt.sub)
+    want = np.zeros((3, 64), np.float32)
+    for big in range(n_sub // per_super):
+        subs = range(big * per_super, (big + 1) * per_super)
+        dots = sum((xs[:, s] @ ws[:, s].T) * p["sc"][:, s].astype(np.int64) for s in subs)
+        assert np.abs(dots).max() < 2 ** 31
+        t = dots.astype(np.float32) * p["d"][:, big].astype(np.float32)
+        if fmt.has_min:
+            sums = sum(xs[:, s].sum(1, keepdims=True) * p["mn"][:, s].astype(np.int64) for s in subs)
+            t = t - sums.astype(np.float32) * p["dmin"][:, big].astype(np.float32)
+        want = want + xd[:, big:big + 1] * t
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    values = dequantize(fmt, raw.reshape(-1)).reshape(64, 512).astype(np.float64)
+    exact = (xq * np.repeat(xd, fmt.block, axis=1)).astype(np.float64) @ values.T
+    assert np.abs(got - exact).max() <= 1e-5 * np.abs(values).sum(1).max() * np.abs(x).max()
+
+
+@pytest.mark.parametrize("name", K_FORMATS)
+def test_scalar_kernels_are_bitwise(name):
+    fmt, _, w = weights_of(name, k=256, n=32, seed=3)
+    g = superblock_graph(fmt, 256, 32)
+    for fuse in (False, True):
+        check_bitwise(GraphLibrary(g, fuse=fuse), g, w, np.random.default_rng(4), threads=(1, 3), seqs=(1, 3))
+
+
+@pytest.mark.parametrize("march", TARGETS)
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+def test_recipe_kernels_are_bitwise_at_every_target(march, name, monkeypatch):
+    """The recipe (columns in lanes, dot products of 4, quants packed in 8 bits, sub-scales and
+    super-scales packed so the lanes' are adjacent), on two super-blocks and on one."""
+    require_target(march)
+    monkeypatch.setenv("NANOCOMPILE_MARCH", march)
+    lanes = vector_lanes(march)
+    for k in (512, 256):
+        fmt, _, w = weights_of(name, k=k, seed=5)
+        g = superblock_graph(fmt, k, 64)
+        lib = GraphLibrary(g, fuse=True, schedule="default")
+        if lanes:
+            helper = "nc_dot4u" if dot_weight_offset(march) else "nc_dot4"
+            assert f"{helper}_{lanes}(" in lib.source, f"the recipe used no {helper}"
+        check_bitwise(lib, g, w, np.random.default_rng(6))
+
+
+def narrow_schedule(k, fmt, columns, rows):
+    """The recipe with the quants in the format's fewest bits (as a GGUF's K-format blocks are
+    scheduled in a native library)."""
+    col, row, supers, subs, products = _superblock_column_loop(k)
+    weights = frozenset(p.name for p in k.params if p.access == "read" and p.name != "p1")
+    quants, scales = _superblock_operands(k, supers, subs, products, weights)
+    narrow = {quants[0]: narrow_storage(fmt)}
+    return tuple(superblock_projection(col, row, supers, subs, products, 16, quants, scales, 128, columns, rows, narrow))
+
+
+@pytest.mark.parametrize("name", K_FORMATS)
+@pytest.mark.parametrize("columns, rows", [(1, 0), (2, 3)])
+def test_narrow_kernels_are_bitwise(name, columns, rows, monkeypatch):
+    """Q4_K, Q3_K and Q2_K in 4 bits, Q5_K in 5, Q6_K in 6: nc_dot4u<bits>_16 rebuilds each
+    byte; the sum of the activations corrects an offset (Q6_K's 32, Q3_K's 4) once per
+    sub-block, and is what the sub-mins multiply."""
+    if "x86-64-v4+vnni" not in runnable_targets():
+        pytest.skip("this CPU has no AVX-512 VNNI: weights stay in 8 bits")
+    monkeypatch.setenv("NANOCOMPILE_MARCH", "x86-64-v4+vnni")
+    fmt, _, w = weights_of(name, seed=7)
+    g = superblock_graph(fmt, 512, 64)
+    bits, offset = narrow_storage(fmt)
+    lib = GraphLibrary(g, fuse=True, schedule=lambda k: narrow_schedule(k, fmt, columns, rows)
+                       if _superblock_column_loop(k) else ())
+    assert f"nc_dot4u{bits}_16(" in lib.source
+    assert ("nc_sum_i8(" in lib.source) == (offset > 0 or fmt.has_min)
+    check_bitwise(lib, g, w, np.random.default_rng(8))
+
+
+def test_operands_are_checked():
+    b = GraphBuilder("bad")
+    x = b.input("x", [SEQ, 256])
+    xq, xd = nn.quantize_blocks(b, x, 32)
+    q256 = nn.quantize_blocks(b, x, 256)
+    qs, sc = b.weight("qs", [8, 256], "i8"), b.weight("sc", [8, 8], "i8")
+    d, mn = b.weight("d", [8, 1], "f16"), b.weight("mn", [8, 8], "i8")
+    with pytest.raises(IRError, match="wants 5 or 7 operands"):
+        b.superblock_matmul(*q256, qs, sc, d, mn)
+    with pytest.raises(IRError, match="wants i8, f32, i8, i8, f16"):
+        b.superblock_matmul(*q256, qs, d, d)
+    with pytest.raises(IRError, match="sub-mins"):
+        b.superblock_matmul(*q256, qs, sc, d, b.weight("mn2", [8, 4], "i8"), d)
+    b.superblock_matmul(*q256, qs, sc, d, mn, d)  # Q4_K's shapes
+    with pytest.raises(IRError, match="activation scales"):
+        b.superblock_matmul(xq, xd, qs, sc, d)  # activations in blocks of 32, not one scale per 256
+    wide = b.input("wide", [SEQ, 512])
+    xq512, xd512 = nn.quantize_blocks(b, wide, 512)
+    with pytest.raises(IRError, match="exceed 256"):
+        b.superblock_matmul(xq512, xd512, b.weight("qs2", [8, 512], "i8"), b.weight("sc2", [8, 16], "i8"),
+                            b.weight("d2", [8, 1], "f16"))
