@@ -21,10 +21,6 @@ function(_nanocompile_flags target target_flags)
   # Exact IEEE float32: no contraction of a*b+c into FMA, no reassociation. Bitwise agreement
   # between the reference and every later pass depends on these two flags.
   target_compile_options(${target} PRIVATE -ffp-contract=off -fno-fast-math -Wall -Wextra)
-  # GCC 12.2's -O3 if-conversion miscompiles a scalar loop selecting between two loads on a
-  # loaded byte mask when the innermost extent is 8 or 16 (docs/results/phase7.md, stop 22);
-  # the kernels' own vector selects (nc_select) do not depend on it.
-  target_compile_options(${target} PRIVATE -fno-tree-loop-if-convert)
   if(target_flags)
     target_compile_options(${target} PRIVATE ${target_flags} -mtune=native)
   endif()

@@ -87,6 +87,13 @@ static inline uint8_t nc_load_u6(const int8_t *p, int64_t i)
     return (uint8_t)(nc_nibble(unit, w) | (((unit[32 + w % 16] >> (w / 16 * 2)) & 3) << 4));
 }
 
+/* c ? a : b with both a and b evaluated: a select on a mask read from memory (an unfused where).
+ * GCC 12.2 at -O3 if-converts `m[i] ? a[i] : b[i]` over byte masks into masked loads that give
+ * wrong values when the innermost loop runs 8 or 16 times (docs/results/phase7.md, stop 22);
+ * read unconditionally, the select is a plain blend. Both sides index the same element of
+ * operands shaped alike, so both reads are in bounds. */
+#define NC_PICK(c, a, b) ({ __typeof__(a) nc_a_ = (a); __typeof__(b) nc_b_ = (b); (c) ? nc_a_ : nc_b_; })
+
 /* The sum of n int8 values, exact in int32 for n < 2^24: the correction a dot product with
  * unsigned (offset) weights subtracts once per block (schedule/unsigned.py). */
 static inline int32_t nc_sum_i8(const int8_t *p, int n)

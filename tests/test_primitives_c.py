@@ -88,3 +88,29 @@ def test_every_primitive_is_bitwise_the_interpreters_compiled_order(name):
         got = lib.run(env, inputs, weights)
         for k in want:
             assert np.array_equal(got[k].view(np.uint8), want[k].view(np.uint8)), (name, k, env)
+
+
+def test_a_select_on_a_stored_mask_survives_gcc_o3(monkeypatch):
+    """GCC 12.2 at -O3 (the model libraries' level) if-converts `m[i] ? a[i] : b[i]` over a byte
+    mask into masked loads that give wrong values when the innermost loop runs 8 or 16 times
+    (found in stop 22 on an unfused build: quantization blocks of 16). The generated code reads
+    both sides of a select on a stored mask (NC_PICK): an unfused where over [seq, 16, 16] built
+    at -O3, bitwise against the interpreter."""
+    from nanocompile.codegen import graph_library
+    from nanocompile.ir import SEQ
+
+    monkeypatch.setattr(graph_library, "CFLAGS", ["-O3" if f == "-O2" else f for f in graph_library.CFLAGS])
+
+    def build(b):
+        x = b.input("x", [SEQ, 16, 16])
+        zero = b.broadcast(b.reshape(b.const(0.0, "f32"), [1, 1, 1]), [SEQ, 16, 16])
+        return [b.where(b.less_equal(x, zero), b.neg(x), x)]
+
+    g = make_graph("stored_mask16", build)
+    lib = GraphLibrary(g, fuse=False)
+    assert "NC_PICK(" in lib.source
+    for seq in (1, 3, 7):
+        x = np.random.default_rng(seq).standard_normal((seq, 16, 16)).astype(np.float32)
+        want = interpreter.run(g, {"seq": seq, "past": 0}, {"x": x}, {})["out0"]
+        got = lib.run({"seq": seq, "past": 0}, {"x": x}, {})["out0"]
+        assert np.array_equal(got, want), seq

@@ -77,6 +77,8 @@ def c(e, top: bool = True) -> str:
         return operator(e, c, lambda op: UNARY[op], wrap)
     if isinstance(e, Fma):
         return f"fmaf({c(e.a)}, {c(e.b)}, {c(e.c)})"
+    if isinstance(e, Select) and isinstance(e.cond, Load):  # a stored mask: both sides read (NC_PICK)
+        return f"NC_PICK({c(e.cond)}, {c(e.a)}, {c(e.b)})"
     if isinstance(e, Select):
         return wrap(f"{c(e.cond, False)} ? {c(e.a, False)} : {c(e.b, False)}")
     if isinstance(e, Cast):
