@@ -4,6 +4,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 /* The packed weights file: a 4096-byte header, then each tensor at a 64-byte aligned offset. */
 #define NC_WEIGHTS_MAGIC "NCWEIGHT"
@@ -98,6 +101,16 @@ static inline uint8_t nc_load_u6(const int8_t *p, int64_t i)
  * unsigned (offset) weights subtracts once per block (schedule/unsigned.py). */
 static inline int32_t nc_sum_i8(const int8_t *p, int n)
 {
+#if defined(__SSE2__)
+    if (n % 16 == 0) { /* each byte + 128 is unsigned: psadbw sums 8 of them at once, exactly */
+        const __m128i flip = _mm_set1_epi8((char)0x80), zero = _mm_setzero_si128();
+        __m128i s = zero;
+        for (int i = 0; i < n; i += 16)
+            s = _mm_add_epi64(s, _mm_sad_epu8(_mm_xor_si128(_mm_loadu_si128((const __m128i *)(p + i)), flip), zero));
+        s = _mm_add_epi64(s, _mm_unpackhi_epi64(s, s));
+        return (int32_t)_mm_cvtsi128_si64(s) - 128 * n;
+    }
+#endif
     int32_t s = 0;
     for (int i = 0; i < n; ++i)
         s += p[i];
