@@ -18,7 +18,7 @@ from typing import Callable, Iterator, Literal, Mapping, Sequence, overload
 
 import numpy as np
 
-from .checks import check_n_ctx, check_precision, check_tokens
+from .checks import check_n_ctx, check_precision, check_tokens, resolve_precision
 from .errors import ContextFullError, InputError, NanocompileError, NonFiniteLogitsError
 from .generate_text import GenerationResult, TextStream, stream_tokens
 from .results import (ChatCompletion, ChatCompletionChunk, ChatMessage, Completion, CompletionChunk, Timings,
@@ -38,23 +38,26 @@ class Model:
     """A Qwen2 model ready to generate: Model("default"), a .gguf file or a Hugging Face directory.
 
     n_ctx: the context in tokens (default 4096, or the model's maximum if smaller); n_threads: the
-    compiled library's threads; precision: "f32", "int8" (Q8_0-style blocks, see docs/PRIMITIVES.md) or "native" (int8's
-    kernels on the GGUF's own Q8_0/Q5_0/Q4_0 blocks, other types requantized; docs/FORMATS.md); backend: "compiled" or
+    compiled library's threads; precision: "auto" (native for a GGUF that stores every matrix in
+    blocks, f32 otherwise; .precision says which), "f32", "int8" (Q8_0-style blocks, see
+    docs/PRIMITIVES.md) or "native" (the GGUF's own Q8_0/Q5_0/Q4_0 blocks and K-format super-blocks
+    as stored, other types requantized; docs/FORMATS.md); backend: "compiled" or
     "interp" (the NumPy interpreter, the reference); seed: the sampler's seed for calls that give
     none (-1: a random one, then in .seed); progress: bars on stderr while loading, converting and
     feeding a long prompt.
     """
 
     def __init__(self, model_path: str | Path = "default", *, n_ctx: int | None = None, n_threads: int = 2,
-                 precision: str = "f32", backend: str = "compiled", seed: int = -1, progress: bool = True):
+                 precision: str = "auto", backend: str = "compiled", seed: int = -1, progress: bool = True):
         from .models import load_model
         from .session import open_session
 
-        check_precision(precision)
+        check_precision(precision, auto=True)
         if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
             raise InputError(f"n_threads must be an integer of at least 1, got {n_threads!r}")
         SamplingParams(seed=seed).check(flag_names=False)  # before the model loads
         loaded = load_model(model_path, progress=progress)
+        precision = resolve_precision(precision, loaded.weights)
         if n_ctx is None:
             n_ctx = min(DEFAULT_CTX, loaded.config.max_position_embeddings)
         check_n_ctx(n_ctx, loaded.config, loaded.source)

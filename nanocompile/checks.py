@@ -6,7 +6,7 @@ import numpy as np
 
 from .errors import InputError
 from .frontend.config import Qwen2Config
-from .choices import PRECISIONS
+from .choices import AUTO, PRECISIONS
 from .models.weights import WeightSource
 from .quantize import Int8Weights, NativeWeights
 
@@ -34,10 +34,25 @@ def check_n_ctx(n_ctx: int, cfg: Qwen2Config, source: str | None = None) -> int:
     return n_ctx
 
 
-def check_precision(precision: str) -> str:
-    if precision not in PRECISIONS:
-        raise InputError(f"precision {precision!r} is not supported (choose from {', '.join(PRECISIONS)})")
+def check_precision(precision: str, auto: bool = False) -> str:
+    """precision if it is one of PRECISIONS (or, with auto, "auto"); else a one-line error."""
+    if precision not in PRECISIONS and not (auto and precision == AUTO):
+        choices = ((AUTO,) if auto else ()) + PRECISIONS
+        raise InputError(f"precision {precision!r} is not supported (choose from {', '.join(choices)})")
     return precision
+
+
+def resolve_precision(precision: str, weights) -> str:
+    """auto: native when the model file stores every matrix in a block format native runs as
+    stored (a quantized GGUF: Q8_0, Q5_0, Q4_0 and the K formats), so nothing is requantized;
+    f32 otherwise (a Hugging Face directory, a GGUF with float matrices). Any other precision
+    as it is."""
+    if precision != AUTO:
+        return precision
+    if not isinstance(weights, WeightSource) or getattr(weights, "blocks", None) is None:
+        return "f32"
+    native = NativeWeights.of_source(weights)
+    return "native" if native.blocks is not None and native.types and not native.fallbacks else "f32"
 
 
 def weights_in(precision: str, weights):

@@ -275,12 +275,27 @@ def test_bad_input_is_refused_with_a_clear_message(tiny, call, error, message):
 
 
 def test_bad_arguments_when_loading(tmp_path):
-    with pytest.raises(InputError, match="precision 'f16' is not supported"):
+    with pytest.raises(InputError, match=r"precision 'f16' is not supported \(choose from auto, f32"):
         Model("default", precision="f16")
     with pytest.raises(InputError, match="n_threads must be an integer of at least 1"):
         Model("default", n_threads=0)
     with pytest.raises(ModelError, match="no such file or directory"):
         nanocompile.load(tmp_path / "missing.gguf")
+
+
+def test_the_default_precision_follows_the_file(tmp_path):
+    """precision "auto" (the default): native where the file stores every matrix in blocks native
+    runs as stored, f32 for a GGUF with float matrices and for a Hugging Face directory."""
+    from helpers import random_weights, tiny_config, write_gguf, write_hf_dir
+
+    cfg = tiny_config(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=300)
+    w = random_weights(cfg)
+    blocks = write_gguf(tmp_path / "q8.gguf", cfg, w, tensor_types={n: "Q8_0" for n, a in w.items() if a.ndim == 2})
+    floats = write_gguf(tmp_path / "f32.gguf", cfg, w, quantize=False)
+    hf = write_hf_dir(tmp_path / "hf", cfg, w)
+    for path, want in ((blocks, "native"), (floats, "f32"), (hf, "f32")):
+        assert Model(path, backend="interp", progress=False).precision == want, path
+    assert Model(blocks, backend="interp", progress=False, precision="int8").precision == "int8"
 
 
 # the real model ---------------------------------------------------------------------------------------

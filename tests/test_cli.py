@@ -19,10 +19,11 @@ def test_ids_match_greedy_interpreter_on_real_model(real_model, real_session):
     ids = real_model.tokenizer.encode("def add(a, b):")
     real_session.reset()
     want = generate(real_session, ids, 8, set(real_model.tokenizer.eos_ids)).tokens
-    r = _run("-p", "def add(a, b):", "-n", "8", "--ids", "--temp", "0")
+    r = _run("-p", "def add(a, b):", "-n", "8", "--ids", "--temp", "0", "--precision", "f32")
     assert [int(t) for t in r.stdout.split()] == want
     assert "backend compiled" in r.stderr  # the default
-    r = _run("--prompt-ids", " ".join(map(str, ids)), "-n", "8", "--ids", "--backend", "interp", "--temp", "0")
+    r = _run("--prompt-ids", " ".join(map(str, ids)), "-n", "8", "--ids", "--backend", "interp", "--temp", "0",
+             "--precision", "f32")
     assert [int(t) for t in r.stdout.split()] == want
     assert "tok/s" in r.stderr and "prompt:" in r.stderr and "backend interp" in r.stderr
 
@@ -34,9 +35,17 @@ def test_text_streams_and_matches_decode(real_model, real_session):
     text = tok.render_chat([{"role": "user", "content": "Say hello in French."}])
     real_session.reset()
     want = generate(real_session, tok.encode(text), 12, set(tok.eos_ids)).tokens
-    r = _run("--chat", "-p", "Say hello in French.", "-n", "12", "--temp", "0")
+    r = _run("--chat", "-p", "Say hello in French.", "-n", "12", "--temp", "0", "--precision", "f32")
     expected = tok.decode([t for t in want if t not in tok.eos_ids])
     assert r.stdout.rstrip("\n") == expected
+
+
+def test_a_quantized_gguf_runs_native_by_default(real_model):
+    """No --precision: the default model's file stores every matrix in blocks native runs as
+    stored (Q5_0, Q8_0, Q4_K, Q6_K), so it runs native; a GGUF of float matrices or a Hugging
+    Face directory runs f32 (test_api.py)."""
+    r = _run("-p", "def add(a, b):", "-n", "2", "--temp", "0")
+    assert "precision native" in r.stderr and "requantized" not in r.stderr
 
 
 def test_bad_sampling_flags_are_refused_before_loading():

@@ -31,7 +31,7 @@ GREEDY = {"temperature": 0}
 
 @pytest.fixture(scope="module")
 def real_server(real_model):
-    p = subprocess.Popen([*NC, "serve", "-q", "--port", "0", "--api-key", KEY, "-c", "2048"],
+    p = subprocess.Popen([*NC, "serve", "-q", "--port", "0", "--api-key", KEY, "-c", "2048", "--precision", "f32"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lines = []
     threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True).start()  # drain its log

@@ -46,6 +46,7 @@ def cmd_bench(args) -> int:
     set_blas_threads(args.threads[0])
     import numpy as np
 
+    from ..checks import resolve_precision
     from ..models import load_model
     from ..session import open_session
 
@@ -61,6 +62,7 @@ def cmd_bench(args) -> int:
     if args.repetitions < 1:
         raise NanocompileError(f"-r must be at least 1, got {args.repetitions}")
     model = load_model(args.model, progress=not args.quiet)
+    args.precision = resolve_precision(args.precision, model.weights)
     cfg = model.config
     n_ctx = max([p for k, p in tests if k == "pp"] + [n + 1 for k, n in tests if k == "tg"])
     if n_ctx > cfg.max_position_embeddings:

@@ -6,7 +6,7 @@ import os
 import sys
 
 from ..errors import NanocompileError
-from ..choices import PRECISIONS
+from ..choices import AUTO, PRECISION_CHOICES
 
 
 def positive_threads(value: str) -> int:
@@ -57,11 +57,12 @@ def add_model_flags(p: argparse.ArgumentParser, threads: bool = True) -> None:
     if threads:
         p.add_argument("-t", "--threads", type=positive_threads, default=2,
                        help="threads (the interpreter passes them to NumPy's BLAS)")
-    p.add_argument("--precision", default="f32", choices=list(PRECISIONS),
-                   help="f32: float32 weights and arithmetic; int8: Q8_0 weights, activations quantized in "
-                        "blocks of 32, exact int32 dot products (norms, attention and the KV cache stay float32); "
-                        "native: int8's kernels on the GGUF's own Q8_0/Q5_0/Q4_0 blocks, other types requantized "
-                        "to Q8_0 (named on stderr)")
+    p.add_argument("--precision", default=AUTO, choices=list(PRECISION_CHOICES),
+                   help="auto (default): native for a quantized GGUF, f32 otherwise; f32: float32 weights and "
+                        "arithmetic; int8: Q8_0 weights, activations quantized in blocks of 32, exact int32 dot "
+                        "products (norms, attention and the KV cache stay float32); native: every matrix in the "
+                        "GGUF's own blocks (Q8_0/Q5_0/Q4_0 and the K formats), other types requantized to Q8_0 "
+                        "(named on stderr)")
     p.add_argument("--backend", choices=["compiled", "interp"], default="compiled",
                    help="compiled: the whole-model C library (default); interp: the NumPy interpreter")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
@@ -89,8 +90,8 @@ def sampling_from(args) -> dict:
 
 
 def check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise NanocompileError(f"--precision {precision}: choose from {', '.join(PRECISIONS)}")
+    if precision not in PRECISION_CHOICES:
+        raise NanocompileError(f"--precision {precision}: choose from {', '.join(PRECISION_CHOICES)}")
 
 
 def open_model(args, n_ctx: int | None):
@@ -107,4 +108,4 @@ def report(model) -> None:
     t = model.timings
     print(f"prompt: {t.prompt_tokens} tokens, {t.prompt_seconds * 1000:.1f} ms, {t.prompt_tps:.2f} tok/s | "
           f"generation: {t.generated_tokens} tokens, {t.decode_tps:.2f} tok/s | backend {model.backend} | "
-          f"seed {model.seed}", file=sys.stderr)
+          f"precision {model.precision} | seed {model.seed}", file=sys.stderr)

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..choices import GRAPH_OF, PRECISIONS, STAGE_NAMES
+from ..choices import AUTO, GRAPH_OF, PRECISION_CHOICES, STAGE_NAMES
 from .common import check_precision
 
 
@@ -23,6 +23,7 @@ def cmd_compile(args) -> int:
     from ..compiler import compile_model
     from ..library import open_packed, tuned_schedules, tuned_store
     from ..models import load_model
+    from ..checks import resolve_precision
     from ..quantize import native_forms
 
     check_precision(args.precision)
@@ -33,8 +34,10 @@ def cmd_compile(args) -> int:
     start = time.perf_counter()
     stage(f"loading {args.model}")
     model = load_model(args.model, progress=not args.quiet)
+    args.precision = resolve_precision(args.precision, model.weights)
+    stage(f"precision {args.precision}")
     tuned = () if args.no_tuned else tuned_schedules(args.march)
-    forms = native_forms(model.weights, args.precision)  # native: 5-bit and K-format blocks stay so
+    forms = native_forms(model.weights, args.precision)  # native: 4-6 bit and K-format blocks stay so
     if args.dump_after:
         stage(f"compiling, printing the IR after stage {args.dump_after}")
         compile_model(model.config, precision=GRAPH_OF[args.precision], march=args.march, dump_after=args.dump_after,
@@ -72,8 +75,9 @@ def cmd_compile(args) -> int:
 def add_parser(sub) -> None:
     p = sub.add_parser("compile", help="build a model's library and pack its weights ahead of time")
     p.add_argument("-m", "--model", default="default", help="'default', a GGUF file or a Hugging Face directory")
-    p.add_argument("--precision", default="f32", choices=list(PRECISIONS),
-                   help="f32, int8 or native (int8's library on the GGUF's own blocks where exact)")
+    p.add_argument("--precision", default=AUTO, choices=list(PRECISION_CHOICES),
+                   help="auto (native for a quantized GGUF, else f32), f32, int8 or native (every matrix in "
+                        "the GGUF's own blocks)")
     p.add_argument("--march", help="x86-64 level to compile for (default: this CPU's, e.g. x86-64-v4)")
     p.add_argument("--dump-after", choices=list(STAGE_NAMES), metavar="STAGE",
                    help=f"print the graph or loop IR after a stage and stop ({', '.join(STAGE_NAMES)})")
