@@ -10,6 +10,7 @@ decode step from a profiling build of the same library.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time

@@ -13,7 +13,7 @@ from nanocompile.library import CompiledSession
 from nanocompile.loopir.traverse import loops
 from nanocompile.pack import pack_weights
 from nanocompile.ir import SEQ
-from nanocompile.schedule import Pack, Parallel, Reorder, Split, Unroll, UnrollJam, Vectorize, apply, is_legal
+from nanocompile.schedule import Pack, Parallel, Reorder, Split, Unroll, UnrollJam, Vectorize, is_legal
 
 from helpers import (BOUNDED, ENVS, EXACT, LEVELS, THREADS, feeds, graph_kernels, make_graph, random_weights,
                      require_lanes, require_level, tiny_config)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 
 import jinja2
 
@@ -17,7 +16,7 @@ from ..loopir.traverse import loops, walk
 from ..signature import identifier
 from ..target import compiler_flags
 from .cexpr import C_TYPES, float_literal, statements
-from .data import DATA_DIRS, data_root
+from .data import data_root
 
 def environment() -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(data_root() / "templates")),

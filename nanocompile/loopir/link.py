@@ -7,7 +7,7 @@ This is the only place kernels are deduplicated.
 """
 from __future__ import annotations
 
-from .ir import Kernel, Program
+from .ir import Kernel
 
 
 def link(programs) -> dict[str, Kernel]:
