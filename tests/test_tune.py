@@ -252,7 +252,7 @@ def test_tune_refuses_an_unknown_precision_in_one_line(tiny, tmp_path):
     env = {**env, "NANOCOMPILE_CACHE": str(tmp_path)}
     r = subprocess.run([*NC, "tune", "-q", "-m", path, "--precision", "int4", "--budget", "5"], capture_output=True,
                        text=True, env=env, timeout=120)
-    assert r.returncode == 1 and r.stderr.strip() == "nanocompile: error: --precision int4: choose from f32, int8, native"
+    assert r.returncode == 1 and r.stderr.strip() == "nanocompile: error: --precision int4: choose from auto, f32, int8, native"
     assert not (tmp_path / "tuned").exists()  # nothing measured, nothing written
 
 

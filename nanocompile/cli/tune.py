@@ -23,6 +23,7 @@ def _summary(data: dict) -> list[str]:
 def cmd_tune(args) -> int:
     from tqdm import tqdm
 
+    from ..checks import resolve_precision
     from ..models import load_model
     from ..tune.store import load, store_path
     from ..tune.tuner import model_jobs, tune
@@ -32,7 +33,8 @@ def cmd_tune(args) -> int:
         print(f"nanocompile: error: --budget {args.budget}: give a positive number of seconds", file=sys.stderr)
         return 1
     model = load_model(args.model, progress=not args.quiet)
-    jobs, march = model_jobs(model.config, args.march, GRAPH_OF[args.precision])  # native runs int8's kernels
+    precision = resolve_precision(args.precision, model.weights)
+    jobs, march = model_jobs(model.config, args.march, GRAPH_OF[precision])  # native tunes int8's kernels
     print(f"tuning {len(jobs)} kernels on this CPU ({march}, {args.threads} threads) for at most "
           f"{args.budget:.0f} s", file=sys.stderr)
     bar = None if args.quiet else tqdm(total=2 * len(jobs), desc="kernels searched (2 searches)", unit="kernel",
