@@ -8,7 +8,11 @@ round; the peak is the probe's vector multiply-add. int8: block_matmul on quanti
 and Q8_0 weights (the quantization of the activations is a separate kernel, not timed here);
 the peak is the probe's int8 dot product, the bytes the weights' 34 per 32 values.
 
-    python -m bench.matmul_shapes [--rounds 5] [--precision f32|int8]
+native: the default model's stored formats as the native library runs them (Q5_0 and the K
+formats' quants in 5, 4 or 6 bits where 16 lanes of vpdpbusd take them; the output head is Q8_0,
+int8's kernel, in the int8 table); the bytes are the packed weights' as the kernel reads them.
+
+    python -m bench.matmul_shapes [--rounds 5] [--precision f32|int8|native]
 """
 from __future__ import annotations
 
@@ -29,6 +33,11 @@ SHAPES = {  # name: (K inputs, N outputs), in the order a layer runs them
 }
 
 
+# native: (name, K, N, the file's format) for the default model's projections
+NATIVE_SHAPES = [("q_proj, o_proj", 896, 896, "Q5_0"), ("k_proj, v_proj", 896, 128, "Q5_0"),
+                 ("v_proj", 896, 128, "Q8_0"), ("gate_proj, up_proj", 896, 4864, "Q5_0"),
+                 ("down_proj", 4864, 896, "Q4_K"), ("down_proj", 4864, 896, "Q6_K")]
+
 COLD_BYTES = 512e6  # more than every cache
 
 
@@ -42,6 +51,63 @@ def _graph(k: int, n: int, precision: str = "f32"):
         y = b.matmul(b.input("x", [SEQ, k]), b.permute(b.weight("w", [n, k]), [1, 0]))
     b.output("y", y)
     return b.finish()
+
+
+def _native(k: int, n: int, kind: str, m: int, rng):
+    """(graph, inputs, weights, reference y, schedule for the graph library, weight bytes read) for
+    a [n, k] matrix stored in `kind`, run as the native library runs it."""
+    import numpy as np
+
+    from nanocompile import interpreter
+    from nanocompile.formats import format_named
+    from nanocompile.ir import SEQ, GraphBuilder
+    from nanocompile.quantize import narrow_storage, quantize_q8_0, split_exact, split_superblocks, superblock_form
+    from nanocompile.schedule.recipes import default_schedule
+    from nanocompile.target import detect_march, dot_weight_offset, vector_lanes
+
+    fmt = format_named(kind)
+    raw = rng.integers(0, 256, (n, k // fmt.block, fmt.nbytes), dtype=np.uint8)
+    for f in fmt.fields:  # finite, small scales
+        if f.dtype == "f16":
+            scale = (rng.random((n, k // fmt.block, f.count)) * 0.01 + 1e-3).astype(np.float16)
+            raw[:, :, f.offset:f.offset + f.nbytes] = scale.view(np.uint8).reshape(n, k // fmt.block, -1)
+    b = GraphBuilder(f"native_{kind}_{k}x{n}")
+    xq = b.input("xq", [SEQ, k], "i8")
+    if superblock_form(fmt):
+        w = split_superblocks(raw, fmt, n, k)
+        xd = b.input("xd", [SEQ, k // fmt.block])
+        nodes = [b.weight(name, list(a.shape), {"i1": "i8", "f2": "f16"}[a.dtype.kind + str(a.itemsize)])
+                 for name, a in w.items()]
+        b.output("y", b.superblock_matmul(xq, xd, *nodes))
+        inputs = {"xq": rng.integers(-127, 128, (m, k)).astype(np.int8),
+                  "xd": (rng.random((m, k // fmt.block)) * 0.01).astype(np.float32)}
+        want = interpreter.superblock_matmul(inputs["xq"], inputs["xd"], *w.values())
+    else:
+        if kind == "Q8_0":  # as a quantizer writes it: within [-127, 127]
+            qs, d = quantize_q8_0((rng.standard_normal((n, k)) * 0.05).astype(np.float32))
+        else:
+            qs, d = split_exact(raw, fmt, n, k)
+        w = {"wq": qs, "wd": d}
+        b.output("y", b.block_matmul(xq, b.input("xd", [SEQ, k // 32]), b.weight("wq", [n, k], "i8"),
+                                     b.weight("wd", [n, k // 32], "f16")))
+        inputs = {"xq": rng.integers(-127, 128, (m, k)).astype(np.int8),
+                  "xd": (rng.random((m, k // 32)) * 0.01).astype(np.float32)}
+        want = interpreter.block_matmul(inputs["xq"], inputs["xd"], qs, d)
+    march = detect_march()[0]
+    lanes, offset = vector_lanes(march), dot_weight_offset(march)
+    storage = narrow_storage(fmt) if lanes == 16 and offset else None  # 4-6 bits where vpdpbusd takes them
+    quants = next(iter(w))
+
+    def schedule(kernel):
+        # p1 is the activations (read first); the other reads are the weights. Of the int8 ones
+        # only the quants can be narrow (the recipe's choice), so naming all of them is enough
+        weights = frozenset(p.name for p in kernel.params if p.access == "read" and p.name != "p1")
+        narrow = {p.name: storage for p in kernel.params if p.name in weights and p.dtype == "i8"} if storage else {}
+        return default_schedule(kernel, lanes, weights, dot_offset=offset, narrow=narrow)
+
+    bits = storage[0] if storage else 8
+    nbytes = sum(a.nbytes for a in w.values()) - w[quants].nbytes * (8 - bits) // 8
+    return b.finish(), inputs, w, want, schedule, nbytes
 
 
 def _operands(k: int, n: int, m: int, precision: str, rng):
@@ -131,15 +197,58 @@ def measure(rounds: int, machine: dict, precision: str = "f32") -> list[dict]:
     return rows
 
 
+def measure_native(rounds: int, machine: dict) -> list[dict]:
+    """The default model's stored formats at 1 and 64 rows, as the native library runs them."""
+    import numpy as np
+
+    from nanocompile.codegen.graph_library import GraphLibrary
+
+    print("| shape | K x N | format | rows | nanocompile us, median | roofline us | roofline / nanocompile |\n"
+          "|---|---|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    bw = machine["read_gb_s"]["median"] * 1e9
+    peak = machine["int8_dot_gmac_s"]["median"] * 1e9
+    rows = []
+    for name, k, n, kind in NATIVE_SHAPES:
+        for m in (1, 64):
+            g, inputs, weights, want, schedule, wbytes = _native(k, n, kind, m, rng)
+            lib = GraphLibrary(g, max_seq=64, schedule=schedule)
+            copies = [weights] + [{key: a.copy() for key, a in weights.items()}
+                                  for _ in range(max(0, int(COLD_BYTES // wbytes)))]
+            runs = [lib.bind({"seq": m, "past": 0}, inputs, c, threads=THREADS) for c in copies]
+            assert np.array_equal(np.asarray(runs[0]()[-1]), want), (name, kind)  # exact, as int8's
+            turn = {"c": 0}
+
+            def run_c():
+                turn["c"] = (turn["c"] + 1) % len(runs)
+                return runs[turn["c"]]()
+
+            samples = []
+            for _ in range(rounds):
+                time.sleep(0.2)
+                run_c()
+                samples.append(_time(run_c, 20))
+            nbytes = wbytes + sum(x.nbytes for x in inputs.values()) + 4 * m * n
+            roof = max(nbytes / bw, m * n * k / peak)
+            row = {"shape": name, "K": k, "N": n, "format": kind, "rows": m, "precision": "native",
+                   "weight_bytes": wbytes, "roofline_us": roof * 1e6, "nanocompile": summary([t * 1e6 for t in samples])}
+            rows.append(row)
+            c = row["nanocompile"]["median"]
+            print(f"| {name} | {k}x{n} | {kind} | {m} | {c:9.1f} (min {row['nanocompile']['min']:.1f}) | "
+                  f"{roof * 1e6:9.1f} | {roof * 1e6 / c:5.0%} |", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--precision", choices=["f32", "int8"], default="f32")
+    ap.add_argument("--precision", choices=["f32", "int8", "native"], default="f32")
     args = ap.parse_args()
     from bench import probe
 
     machine = probe.measure()
-    rows = measure(args.rounds, machine, args.precision)
+    rows = measure_native(args.rounds, machine) if args.precision == "native" else \
+        measure(args.rounds, machine, args.precision)
     append({"bench": "matmul_shapes", "rounds": args.rounds, "precision": args.precision, "probe": machine,
             "rows": rows})
 
