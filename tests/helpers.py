@@ -210,6 +210,17 @@ def bf16_round(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 ENVS = [{"seq": s, "past": p} for s in (1, 3, 7) for p in (0, 5)]
 
 
+def superblock_values(parts: dict, fmt) -> np.ndarray:
+    """What superblock_matmul multiplies: sc * d * qs - mn * dmin per sub-block, as float32."""
+    per_super = fmt.block // fmt.sub
+    scale = parts["sc"].astype(np.float32) * np.repeat(parts["d"].astype(np.float32), per_super, axis=1)
+    w = np.repeat(scale, fmt.sub, axis=1) * parts["qs"].astype(np.float32)
+    if fmt.has_min:
+        least = parts["mn"].astype(np.float32) * np.repeat(parts["dmin"].astype(np.float32), per_super, axis=1)
+        w = w - np.repeat(least, fmt.sub, axis=1)
+    return w
+
+
 def make_graph(name, build):
     """A graph whose outputs out0, out1, ... are what build(builder) returns."""
     b = GraphBuilder(name)

@@ -18,7 +18,8 @@ from nanocompile.quantize import Int8Weights, NativeWeights, exact_in_int8, narr
 from nanocompile.session import InterpreterSession, library_order, open_session
 from nanocompile.target import detect_march, dot_weight_offset, vector_lanes
 
-from helpers import greedy_run, random_weights, real_prompt_ids, tiny_config, write_gguf, write_hf_dir
+from helpers import (greedy_run, random_weights, real_prompt_ids, superblock_values, tiny_config, write_gguf,
+                     write_hf_dir)
 
 EXACT = {"Q8_0", "Q5_0", "Q4_0"}
 
@@ -38,6 +39,17 @@ def int8_values(qs: np.ndarray, d: np.ndarray) -> np.ndarray:
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def assert_bitwise_agree(compiled, plain, interp, ids) -> None:
+    """A prompt's logits (in chunks of 64), three cached steps and every layer's KV cache: the
+    scheduled library, its unfused unscheduled build and the interpreter, bit for bit."""
+    runs = [[s.step(ids, all_logits=True)] + [s.step([t]) for t in (5, 6, 7)] for s in (compiled, plain, interp)]
+    for other in runs[1:]:
+        assert all(same_bits(a, b) for a, b in zip(runs[0], other))
+    for layer in range(compiled.config.num_hidden_layers):
+        for a, b, kv in zip(compiled.read_cache(layer), plain.read_cache(layer), "kv"):
+            assert same_bits(a, b) and same_bits(a, interp.cache[f"cache.{layer}.{kv}"])
 
 
 # which formats run exactly ---------------------------------------------------------------------
@@ -147,12 +159,7 @@ def test_native_library_is_bitwise_its_unscheduled_build_and_the_interpreter(tin
     split = sorted(n for n in compiled.module.kernels if n.endswith("bit"))
     assert len(split) == (3 if five_bits_here() else 0), split
     assert ("nc_dot4u5_16(" in (compiled.lib.path.parent / "model.c").read_text()) == five_bits_here()
-    runs = [[s.step(ids, all_logits=True)] + [s.step([t]) for t in (5, 6, 7)] for s in (compiled, plain, interp)]
-    for other in runs[1:]:
-        assert all(same_bits(a, b) for a, b in zip(runs[0], other))
-    for layer in range(model.config.num_hidden_layers):
-        for a, b, kv in zip(compiled.read_cache(layer), plain.read_cache(layer), "kv"):
-            assert same_bits(a, b) and same_bits(a, interp.cache[f"cache.{layer}.{kv}"])
+    assert_bitwise_agree(compiled, plain, interp, ids)
     capfd.readouterr()
     again = open_session(model, "compiled", n_ctx=128, threads=2, precision="native")  # from the cache
     assert "requantized" not in capfd.readouterr().err
@@ -251,17 +258,6 @@ K_TYPES = {"model.layers.0.mlp.down_proj.weight": "Q4_K", "model.layers.1.mlp.do
            "model.layers.0.mlp.up_proj.weight": "Q5_0"}
 
 
-def superblock_values(parts: dict, fmt) -> np.ndarray:
-    """What superblock_matmul multiplies: sc * d * qs - mn * dmin per sub-block, as float32."""
-    per_super = fmt.block // fmt.sub
-    scale = parts["sc"].astype(np.float32) * np.repeat(parts["d"].astype(np.float32), per_super, axis=1)
-    w = np.repeat(scale, fmt.sub, axis=1) * parts["qs"].astype(np.float32)
-    if fmt.has_min:
-        least = parts["mn"].astype(np.float32) * np.repeat(parts["dmin"].astype(np.float32), per_super, axis=1)
-        w = w - np.repeat(least, fmt.sub, axis=1)
-    return w
-
-
 @pytest.fixture(scope="module")
 def tiny_k(tmp_path_factory):
     """The tiny model with a Q4_K and a Q6_K down projection (ggml's reference quantizer)."""
@@ -311,12 +307,7 @@ def test_k_formats_run_as_stored_bitwise(tiny_k, monkeypatch):
     for bits in (4, 6):
         assert (f"nc_dot4u{bits}_16(" in source) == five_bits_here(), bits
     assert ("model.layers.1.mlp.down_proj.weight.qs" in compiled.module.narrow_weights) == five_bits_here()
-    runs = [[s.step(ids, all_logits=True)] + [s.step([t]) for t in (5, 6, 7)] for s in (compiled, plain, interp)]
-    for other in runs[1:]:
-        assert all(same_bits(a, b) for a, b in zip(runs[0], other))
-    for layer in range(model.config.num_hidden_layers):
-        for a, b, kv in zip(compiled.read_cache(layer), plain.read_cache(layer), "kv"):
-            assert same_bits(a, b) and same_bits(a, interp.cache[f"cache.{layer}.{kv}"])
+    assert_bitwise_agree(compiled, plain, interp, ids)
 
 
 # the real default model (Q4_K_M) ---------------------------------------------------------------

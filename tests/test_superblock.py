@@ -17,7 +17,7 @@ from nanocompile.quantize import narrow_storage, split_superblocks, superblock_f
 from nanocompile.schedule.recipes import _superblock_column_loop, _superblock_operands, superblock_projection
 from nanocompile.target import dot_weight_offset, runnable_targets, vector_lanes
 
-from helpers import THREADS, make_graph
+from helpers import THREADS, make_graph, superblock_values
 from test_int8 import TARGETS, activations, require_target
 
 pytestmark = pytest.mark.c
@@ -77,12 +77,7 @@ def test_parts_are_the_files_numbers(name):
     of small integers and a float16 are exact, so only the last multiply and subtract round."""
     fmt, raw, parts = weights_of(name)
     assert superblock_form(fmt)
-    per_super = fmt.block // fmt.sub
-    scale = parts["sc"].astype(np.float32) * np.repeat(parts["d"].astype(np.float32), per_super, axis=1)
-    w = np.repeat(scale, fmt.sub, axis=1) * parts["qs"].astype(np.float32)
-    if fmt.has_min:
-        least = parts["mn"].astype(np.float32) * np.repeat(parts["dmin"].astype(np.float32), per_super, axis=1)
-        w = w - np.repeat(least, fmt.sub, axis=1)
+    w = superblock_values(parts, fmt)
     assert np.array_equal(w.view(np.uint32), dequantize(fmt, raw.reshape(-1)).reshape(w.shape).view(np.uint32))
 
 
