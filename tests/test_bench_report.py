@@ -101,6 +101,24 @@ def test_a_run_made_with_another_plan_is_refused(tmp_path):
     assert "was made with another plan" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_record_cut_short_is_measured_again(tmp_path, capsys):
+    """A full disk stopped a run in the middle of writing a record (stop 22): resuming drops
+    that last line, says so, and keeps every whole record; a broken line before others is an
+    error naming the file and the line."""
+    from bench.report.jobs import Run
+
+    d = tmp_path / "r1"
+    d.mkdir()
+    whole = json.dumps({"key": "speed/a", "result": {}})
+    (d / "records.jsonl").write_text(whole + "\n" + '{"key": "accuracy/logits/nc-native", "time": "20')
+    run = Run(d)
+    assert list(run.records) == ["speed/a"] and "cut short" in capsys.readouterr().err
+    assert (d / "records.jsonl").read_text() == whole + "\n"
+    (d / "records.jsonl").write_text('{"key": "spe\n' + whole + "\n")
+    with pytest.raises(SystemExit, match="line 1 is not a record"):
+        Run(d)
+
+
 def test_an_impossible_depth_is_refused_before_anything_runs(tmp_path):
     r = subprocess.run([*REPORT, "--quick", "--runs", str(tmp_path), "--depths", "0,64,70"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)

@@ -30,10 +30,20 @@ class Run:
         self.path = directory / "records.jsonl"
         self.records = {}
         if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                if line.strip():
+            lines = [line for line in self.path.read_text().splitlines() if line.strip()]
+            for i, line in enumerate(lines):
+                try:
                     record = json.loads(line)
-                    self.records[record["key"]] = record
+                except json.JSONDecodeError:
+                    if i < len(lines) - 1:
+                        raise SystemExit(f"{self.path}: line {i + 1} is not a record; the run cannot be "
+                                         f"resumed from it") from None
+                    # the last record cut short (a full disk, a kill while writing): measured again
+                    print(f"{self.path}: its last record was cut short; that measurement runs again",
+                          file=sys.stderr)
+                    self.path.write_text("".join(kept + "\n" for kept in lines[:-1]))
+                    break
+                self.records[record["key"]] = record
         self.started = time.perf_counter()
 
     @property
