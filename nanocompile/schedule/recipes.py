@@ -48,10 +48,13 @@ from .loops import check_parallel, check_unroll_jam, has_tail
 # accumulators the tile may hold). AVX-512 has 32 vector registers: 24 accumulators leave room
 # for the weights' vectors and a broadcast (bench/row_tile: 6 rows beat 4, 7 and 8); AVX2 has 16.
 TILES = {16: (6, 24), 8: (4, 12)}
-# an int8 projection's tile: (rows, registers for its int32 and float32 sums). AVX-512: 3 rows x
-# 4 column vectors x 2 = 24 of 32 registers, leaving the weights' vectors and the activation's
-# |x| and sign; AVX2: 2 rows x 2 column vectors x 2 = 8 of 16.
-TILES_INT8 = {16: (3, 24), 8: (2, 8)}
+# an int8 projection's tile: (rows, registers for its int32 and float32 sums, column vectors in the
+# order tried). AVX-512: 2 column vectors x 6 rows (x 2 sums, x 2 for SwiGLU's pair: 48, some
+# spilled): measured on the default model's int8 projections at 64 rows (tune harness, stop 22),
+# 1.22-1.29x faster than 4 vectors x 3 rows (24 of 32 registers) and no slower at one row; AVX2:
+# 2 rows x 2 column vectors x 2 = 8 of 16.
+TILES_INT8 = {16: (6, 48, (2, 4, 1)), 8: (2, 8, (4, 2, 1))}
+SUPERBLOCK_BUDGET = 24  # registers for a superblock projection's long-lived sums
 NARROW_LANES = 16  # weights in 4-6 bits: read by 16-lane dot products only (schedule/narrow.py)
 SUPERBLOCK_ROWS = 6  # the most prefill rows a superblock projection's tile holds
 ATTENTION_ROWS = 8  # query rows unrolled and jammed in attention when they are not a multiple of a group
@@ -146,14 +149,14 @@ def _superblock_operands(k: Kernel, supers: Loop, subs: Loop, products: Loop, we
 def _superblock_projection(k: Kernel, col: Loop, row, supers: Loop, subs: Loop, products: Loop, lanes: int,
                            weights: frozenset, dot_offset: int = 0, narrow: dict | None = None):
     """A superblock projection (superblock_projection): two column vectors first, and as many
-    prefill rows as TILES_INT8's budget holds for the sums that live across sub-blocks (a
+    prefill rows as SUPERBLOCK_BUDGET holds for the sums that live across sub-blocks (a
     float32 and one or two int32 per lane; a sub-block's own int32 sum lives for 16 or 32
     products). Measured on the default model's Q4_K and Q6_K down projections (64 rows, stop 22):
     2 vectors x 4 rows and 2 x 6 rows run 1.3-1.5x faster than int8's 4 x 3."""
     operands = _superblock_operands(k, supers, subs, products, weights)
     if not operands:
         return
-    budget = TILES_INT8[lanes][1]
+    budget = SUPERBLOCK_BUDGET if lanes == 16 else TILES_INT8[lanes][1]
     sums = sum(1 for s in col.body + supers.body if isinstance(s, AccInit))
     for columns in (2, 4, 1):
         rows = min(SUPERBLOCK_ROWS, budget // (columns * sums))
@@ -261,9 +264,9 @@ def _block_projection(k: Kernel, col: Loop, row, blocks: Loop, products: Loop, l
     operands = _block_operands(k, blocks, products, weights)
     if not operands:
         return
-    rows, budget = TILES_INT8[lanes]
+    rows, budget, order = TILES_INT8[lanes]
     accumulators = sum(1 for s in col.body if isinstance(s, AccInit))
-    for columns in (4, 2, 1):
+    for columns in order:
         if 2 * columns * accumulators * rows > budget and columns > 1:
             continue
         if row is not None and not isinstance(row.extent, IConst):
