@@ -49,10 +49,10 @@ def resolve_precision(precision: str, weights) -> str:
     as it is."""
     if precision != AUTO:
         return precision
-    if not isinstance(weights, WeightSource) or getattr(weights, "blocks", None) is None:
+    if not isinstance(weights, WeightSource):
         return "f32"
-    native = NativeWeights.of_source(weights)
-    return "native" if native.blocks is not None and native.types and not native.fallbacks else "f32"
+    native = NativeWeights.of_source(weights)  # no stored blocks (safetensors): every matrix falls back
+    return "native" if native.blocks is not None and not native.fallbacks else "f32"
 
 
 def weights_in(precision: str, weights):

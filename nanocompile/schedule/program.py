@@ -62,8 +62,9 @@ def split_by_storage(kernels: dict[str, Kernel], programs, narrow: dict) -> None
         names: set[str] = set()
         for kind in sorted(kinds - {(None,) * len(k.params)}, key=repr):
             base = name + "".join(f"_{bits}bit" for bits in sorted({s[0] for s in kind if s}))
-            copy_name = next(base + (f"_{n}" if n else "") for n in range(len(kinds)) if base + (f"_{n}" if n else "")
-                             not in names)
+            copy_name, n = base, 1
+            while copy_name in names:  # two storages with the same widths (different offsets)
+                copy_name, n = f"{base}_{n}", n + 1
             names.add(copy_name)
             copy = dataclasses.replace(k, name=copy_name)
             kernels[copy.name] = copy

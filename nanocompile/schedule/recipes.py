@@ -54,7 +54,7 @@ TILES = {16: (6, 24), 8: (4, 12)}
 # 1.22-1.29x faster than 4 vectors x 3 rows (24 of 32 registers) and no slower at one row; AVX2:
 # 2 rows x 2 column vectors x 2 = 8 of 16.
 TILES_INT8 = {16: (6, 48, (2, 4, 1)), 8: (2, 8, (4, 2, 1))}
-SUPERBLOCK_BUDGET = 24  # registers for a superblock projection's long-lived sums
+SUPERBLOCK_BUDGET = {16: 24, 8: 8}  # registers for a superblock projection's long-lived sums, by lanes
 NARROW_LANES = 16  # weights in 4-6 bits: read by 16-lane dot products only (schedule/narrow.py)
 SUPERBLOCK_ROWS = 6  # the most prefill rows a superblock projection's tile holds
 ATTENTION_ROWS = 8  # query rows unrolled and jammed in attention when they are not a multiple of a group
@@ -156,7 +156,7 @@ def _superblock_projection(k: Kernel, col: Loop, row, supers: Loop, subs: Loop, 
     operands = _superblock_operands(k, supers, subs, products, weights)
     if not operands:
         return
-    budget = SUPERBLOCK_BUDGET if lanes == 16 else TILES_INT8[lanes][1]
+    budget = SUPERBLOCK_BUDGET[lanes]
     sums = sum(1 for s in col.body + supers.body if isinstance(s, AccInit))
     for columns in (2, 4, 1):
         rows = min(SUPERBLOCK_ROWS, budget // (columns * sums))
