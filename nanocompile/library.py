@@ -22,7 +22,7 @@ from .cache.locks import entry_lock
 from .cache.notes import note
 from .checks import check_n_ctx, check_precision, check_tokens
 from .choices import GRAPH_OF
-from .compiler import Module, compile_model
+from .compiler import DEFAULT_CHUNK, Module, compile_model
 from .errors import ContextFullError, InputError, ModelError, NanocompileError
 from .frontend.config import Qwen2Config
 from .pack import made_from, pack_weights
@@ -152,7 +152,8 @@ class CompiledSession:
     def __init__(self, config: Qwen2Config, weights: dict[str, np.ndarray], n_ctx: int = 4096, threads: int = 1,
                  weights_key: str | None = None, progress: bool = False, library: tuple[Path, dict] | None = None,
                  packed_path: Path | None = None, fuse: bool = True, schedule: bool = True,
-                 march: str | None = None, precision: str = "f32", tuned: bool = True):
+                 march: str | None = None, precision: str = "f32", tuned: bool = True,
+                 max_chunk: int = DEFAULT_CHUNK):
         """weights: a WeightSource (or a dict of arrays: float32, or already in the precision's
         form), read only if the packed file must be made. weights_key, the source's content hash
         (LoadedModel.key): with it, the packed weights file is kept in the cache for the next run;
@@ -161,13 +162,14 @@ class CompiledSession:
         the schedules' baseline; march another target than this CPU's (x86-64-v3: AVX2 code on an
         AVX-512 machine); precision f32, int8 or native (int8's library, the weights packed from
         the file's own blocks where they are exact in its form: quantize.NativeWeights); tuned=False ignores the schedules `nanocompile
-        tune` measured on this CPU (the recipes alone)."""
+        tune` measured on this CPU (the recipes alone); max_chunk: the most prompt rows one pass
+        takes (another chunk size is another library)."""
         self.config = config
         self.n_ctx = check_n_ctx(n_ctx, config)
         self.precision = check_precision(precision)
         table = tuned_schedules(march) if tuned and schedule else ()
-        self.module = compile_model(config, GRAPH_OF[precision], fuse=fuse, schedule=schedule, march=march, tuned=table,
-                                    **native_forms(weights, precision))
+        self.module = compile_model(config, GRAPH_OF[precision], max_chunk=max_chunk, fuse=fuse, schedule=schedule,
+                                    march=march, tuned=table, **native_forms(weights, precision))
         if progress and self.module.tuned_kernels:
             _say(f"using {len(self.module.tuned_kernels)} schedules tuned on this CPU ({tuned_store(march)})")
         if progress and self.module.stale_tuned_kernels:

@@ -14,6 +14,7 @@ from . import interpreter
 from .cache.notes import note
 from .checks import check_n_ctx, check_precision, check_tokens, fallback_note, weights_in
 from .choices import GRAPH_OF
+from .compiler import DEFAULT_CHUNK
 from .errors import ContextFullError, InputError
 from .frontend.config import Qwen2Config
 from .frontend.qwen2 import build_qwen2, cache_names
@@ -32,7 +33,7 @@ class InterpreterSession:
     """Runs Qwen2 with the NumPy interpreter: the reference backend."""
 
     backend_name = "interp"
-    max_chunk = 64  # the prompt is fed in chunks of this many tokens, as the compiled library runs it
+    max_chunk = DEFAULT_CHUNK  # the prompt is fed in chunks of this many tokens, as the compiled library runs it
 
     def __init__(self, config: Qwen2Config, weights: dict[str, np.ndarray], n_ctx: int = 4096,
                  precision: str = "f32", order: str | None = None):

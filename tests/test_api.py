@@ -151,35 +151,39 @@ def test_stop_scanner_holds_back_only_what_may_become_a_stop_sequence():
 # stopping, faults, state ------------------------------------------------------------------------------
 
 def test_stopping_during_the_prompt_leaves_the_cache_as_it_was(tiny):
-    ids = tiny.tokenize("hello there, " * 20)  # 260 bytes: 5 chunks of 64 (n_ctx 256: the first 200)
-    ids = ids[:200]
+    ids = tiny.tokenize("hello there, " * 20)[:200]  # n_ctx 256
     tiny.eval(ids[:10])
     before = tiny.input_ids
+    chunks = -(-190 // tiny.session.max_chunk)  # the 190 new tokens go in this many chunks
+    assert chunks >= 2
     asked = []
 
-    def stop_after_two_chunks():
+    def stop_before_the_last_chunk():
         asked.append(1)
-        return len(asked) > 2
+        return len(asked) == chunks
 
-    result = tiny.create_completion(ids, max_tokens=5, should_stop=stop_after_two_chunks, **GREEDY)
+    result = tiny.create_completion(ids, max_tokens=5, should_stop=stop_before_the_last_chunk, **GREEDY)
+    assert len(asked) == chunks
     assert result.stop_reason == "interrupted" and result.tokens == [] and result.text == ""
     assert tiny.input_ids == before and tiny.timings.prompt_tokens == 0
 
-    def ctrl_c_after_two_chunks():
+    asked.clear()
+
+    def ctrl_c_before_the_last_chunk():
         asked.append(1)
-        if len(asked) > 5:
+        if len(asked) == chunks:
             raise KeyboardInterrupt
         return False
 
     with pytest.raises(KeyboardInterrupt):
-        tiny.create_completion(ids, max_tokens=5, should_stop=ctrl_c_after_two_chunks, **GREEDY)
+        tiny.create_completion(ids, max_tokens=5, should_stop=ctrl_c_before_the_last_chunk, **GREEDY)
     assert tiny.input_ids == before
     # stopping while decoding keeps what was generated
     n = [0]
 
     def after_three_tokens():
         n[0] += 1
-        return n[0] > 3 + 2  # 3 prompt chunks (190 new tokens: 64, 64, 62), then one check after each token
+        return n[0] > chunks + 2  # one check before each prompt chunk, then one after each token
 
     result = tiny.create_completion(ids, max_tokens=50, should_stop=after_three_tokens, **GREEDY)
     assert result.stop_reason == "interrupted" and len(result.tokens) == 3

@@ -9,6 +9,7 @@ order either way (masked keys add exact zeros).
 import numpy as np
 import pytest
 
+from nanocompile.compiler import DEFAULT_CHUNK
 from nanocompile.library import CompiledSession
 from nanocompile.session import InterpreterSession, library_order
 
@@ -78,8 +79,8 @@ def test_long_prompt_runs_in_chunks_bitwise_equal_to_single_steps():
     w = random_weights(cfg, seed=5)
     ids = [int(t) for t in np.random.default_rng(1).integers(0, cfg.vocab_size, 150)]
     chunked = CompiledSession(cfg, w, n_ctx=200)
-    assert chunked.lib.max_chunk() == 64
-    all_rows = chunked.step(ids, all_logits=True)       # chunks of 64, 64, 22
+    assert chunked.lib.max_chunk() == DEFAULT_CHUNK < len(ids)
+    all_rows = chunked.step(ids, all_logits=True)       # chunks of 96 and 54
     single = CompiledSession(cfg, w, n_ctx=200)
     rows = np.stack([single.step([t]) for t in ids])
     assert np.array_equal(all_rows, rows)

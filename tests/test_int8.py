@@ -13,6 +13,7 @@ import pytest
 
 from nanocompile import interpreter
 from nanocompile.codegen.graph_library import GraphLibrary
+from nanocompile.compiler import DEFAULT_CHUNK
 from nanocompile.frontend import nn
 from nanocompile.ir import SEQ
 from nanocompile.loopir.ir import format_kernel
@@ -258,7 +259,7 @@ def test_int8_model_scheduled_is_bitwise_unscheduled_at_every_target(name):
     cfg = tiny_config(**INT8_CONFIGS[name])
     targets = runnable_targets() if name == "odd-widths" else runnable_targets()[:1]
     w = random_weights(cfg, seed=4)
-    ids = [int(t) for t in np.random.default_rng(6).integers(0, cfg.vocab_size, 70)]  # chunks of 64 and 6
+    ids = [int(t) for t in np.random.default_rng(6).integers(0, cfg.vocab_size, DEFAULT_CHUNK + 6)]  # two chunks
     for march in targets:
         # the baseline at the same target: one without FMA splits the float32 matmul sums (separate)
         base = CompiledSession(cfg, w, n_ctx=128, precision="int8", schedule=False, march=march)

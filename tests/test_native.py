@@ -12,6 +12,7 @@ import pytest
 
 from nanocompile.checks import weights_in
 from nanocompile.choices import GRAPH_OF, PRECISIONS
+from nanocompile.compiler import DEFAULT_CHUNK
 from nanocompile.formats import FORMATS, format_named
 from nanocompile.library import CompiledSession
 from nanocompile.quantize import Int8Weights, NativeWeights, exact_in_int8, narrow_storage, quantize_q8_0
@@ -42,7 +43,7 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def assert_bitwise_agree(compiled, plain, interp, ids) -> None:
-    """A prompt's logits (in chunks of 64), three cached steps and every layer's KV cache: the
+    """A prompt's logits (in chunks of the library's size), three cached steps and every layer's KV cache: the
     scheduled library, its unfused unscheduled build and the interpreter, bit for bit."""
     runs = [[s.step(ids, all_logits=True)] + [s.step([t]) for t in (5, 6, 7)] for s in (compiled, plain, interp)]
     for other in runs[1:]:
@@ -146,7 +147,7 @@ def test_native_library_is_bitwise_its_unscheduled_build_and_the_interpreter(tin
     note is said once per packing."""
     model, cache = tiny_native
     monkeypatch.setenv("NANOCOMPILE_CACHE", str(cache))
-    ids = [int(t) for t in np.random.default_rng(3).integers(0, model.config.vocab_size, 70)]  # chunks 64 + 6
+    ids = [int(t) for t in np.random.default_rng(3).integers(0, model.config.vocab_size, DEFAULT_CHUNK + 6)]  # two chunks
     compiled = open_session(model, "compiled", n_ctx=128, threads=2, precision="native")
     said = capfd.readouterr().err
     assert said.count("requantized to Q8_0") == 1 and "Q4_1" in said

@@ -54,6 +54,11 @@ TILES = {16: (6, 24), 8: (4, 12)}
 # 1.22-1.29x faster than 4 vectors x 3 rows (24 of 32 registers) and no slower at one row; AVX2:
 # 2 rows x 2 column vectors x 2 = 8 of 16.
 TILES_INT8 = {16: (6, 48, (2, 4, 1)), 8: (2, 8, (4, 2, 1))}
+# a column block's weights are read again by every row tile of a prefill chunk: wider than this,
+# they fall out of a core's L2 (1 MiB on Zen 4/5, 2 MiB on Sapphire Rapids), so the tile takes
+# half the columns and twice the rows. The default model's down projection (4864 long): 4 vectors
+# (1.2 MiB) -> 2 vectors x 12 rows, measured in the model's prefill profile (docs/SCHEDULES.md).
+PANEL_BYTES = 768 * 1024
 SUPERBLOCK_BUDGET = {16: 24, 8: 8}  # registers for a superblock projection's long-lived sums, by lanes
 NARROW_LANES = 16  # weights in 4-6 bits: read by 16-lane dot products only (schedule/narrow.py)
 SUPERBLOCK_ROWS = 6  # the most prefill rows a superblock projection's tile holds
@@ -239,9 +244,18 @@ def _projection(k: Kernel, col: Loop, row, reduction: Loop, lanes: int, packed: 
     for columns in (4, 2, 1):
         if columns * accumulators * rows > budget and columns > 1:
             continue
+        tile_rows = rows
+        if columns > 1 and panel_bytes(reduction, lanes, columns, accumulators) > PANEL_BYTES:
+            columns, tile_rows = columns // 2, rows * 2  # the same accumulators, half the panel
         if row is not None and not isinstance(row.extent, IConst):
-            yield projection(col, row, reduction, lanes, packed, columns, rows)
+            yield projection(col, row, reduction, lanes, packed, columns, tile_rows)
         yield projection(col, row, reduction, lanes, packed, columns, 0)
+
+
+def panel_bytes(reduction: Loop, lanes: int, columns: int, accumulators: int) -> int:
+    """The float32 weights one column block reads over the whole reduction: what every row tile
+    of a prefill chunk reads again."""
+    return reduction.extent.value * lanes * columns * accumulators * 4
 
 
 def projection(col: Loop, row, reduction: Loop, lanes: int, packed: list, columns: int, rows: int) -> list:
