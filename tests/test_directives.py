@@ -178,6 +178,19 @@ def test_refusal(case):
         apply(k, schedule)
 
 
+def test_a_select_the_same_in_every_lane_vectorizes():
+    """RoPE reads the other half of its row. With halves of whole vectors (head_dim 64, 16 lanes),
+    a vector's lanes are all in one half: the condition loses the lane, and only the side it
+    chooses is read (a C conditional in the vector code). Halves of 8 with 16 lanes stay refused
+    (the refusal case above)."""
+    k = kernel("select_add", **dict(VECTOR_CFG, hidden=128, heads=2, kv_heads=1, head_dim=64))
+    text = body(apply(k, (Vectorize("i2", 16), Parallel("i0"))))
+    assert "select(((i2 * 16) < 32)," in text, text
+    c = render_tree(compile_model(tiny_config(**dict(VECTOR_CFG, hidden=128, heads=2, kv_heads=1, head_dim=64)),
+                                  march="x86-64-v4"))["model.c"]
+    assert "((i2 * 16) < 32) ? " in c
+
+
 def test_split_of_a_symbolic_multiple_leaves_no_tail():
     """Attention's rows are 2*seq here (two query heads per key-value head): split by 2, the
     outer loop runs seq times and there is no tail loop."""

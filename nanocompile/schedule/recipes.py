@@ -210,7 +210,11 @@ def _candidates(k: Kernel, lanes: int, weights: frozenset, state: frozenset = fr
         yield from _lane_reductions(k, lanes)
         for lp in loops(k.body):
             if lp.is_output and not any(isinstance(s, Loop) for s in lp.body):
-                yield _vectorized(lp, lanes) + list(_basic(k))
+                vector = _vectorized(lp, lanes)
+                try:  # the threads share a loop chosen among the vectorized kernel's loops
+                    yield vector + list(_basic(apply(k, vector)))
+                except ScheduleError:
+                    continue
     yield list(_basic(k))
 
 

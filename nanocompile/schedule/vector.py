@@ -57,6 +57,21 @@ def _uniform_division(n, lanes: int):
     return uniform if n.op == "/" else Bin("+", uniform, Lane())
 
 
+def _uniform_comparison(n, lanes: int):
+    """(i * lanes + c + lane) < C with c and C multiples of lanes is (i * lanes + c) < C in every
+    lane (>= likewise): a condition on which half of a row an element is in (RoPE's rotation)
+    is the same for a vector's lanes, so only the side it chooses is read."""
+    if not (isinstance(n, Bin) and n.op in ("<", ">=") and isinstance(n.b, IConst) and n.b.value % lanes == 0):
+        return None
+    terms, const = linear(n.a)
+    if terms.get(Lane()) != 1 or const % lanes:
+        return None
+    rest = {a: c for a, c in terms.items() if a != Lane()}
+    if any(contains(a, Lane) or c % lanes for a, c in rest.items()):
+        return None
+    return Bin(n.op, build(rest, const), n.b)
+
+
 def lane_position(e) -> bool:
     """e is int32(i + lane) with i the same in every lane: the lanes' own positions, an int32
     vector of consecutive values (nc_lane_index)."""
@@ -129,7 +144,7 @@ def vectorize(k: Kernel, d: Vectorize) -> tuple:
         raise ScheduleError(f"{k.name}: loop {d.loop!r} carries {carried[0]!r} from one iteration to the "
                             f"next; its lanes would carry a value across lanes")
     body = substitute(loop.body, {d.loop: Bin("+", Bin("*", Var(d.loop), IConst(d.lanes)), Lane())})
-    body = rewrite(body, lambda n: _uniform_division(n, d.lanes))
+    body = rewrite(body, lambda n: _uniform_division(n, d.lanes) or _uniform_comparison(n, d.lanes))
     dtypes = {p.name: p.dtype for p in k.params}
     dtypes.update({s.name: s.dtype for s in statements(k.body) if isinstance(s, AccInit)})
     for s in statements(body):
