@@ -46,7 +46,9 @@ static inline float nc_max_nan(float acc, float v)
  * exhaustively); x < -104 gives 0, x > 89 gives +inf, NaN stays NaN. */
 static inline float nc_expf(float x)
 {
-    float c = x < -104.0f ? -104.0f : x;
+    /* below -104 the result is +0 (at -104 it rounds to 0 already): computed from 0 and replaced,
+     * so that no product underflows (an underflowing multiply is 2.4x slower on Zen 5) */
+    float c = x < -104.0f ? 0.0f : x;
     c = c > 89.0f ? 89.0f : c;
     c = c == c ? c : 0.0f; /* NaN: any value converts to int; the result is x itself */
     float n = (c * 1.44269502f + 12582912.0f) - 12582912.0f;
@@ -61,7 +63,7 @@ static inline float nc_expf(float x)
     p = p * (r * r) + r + 1.0f;
     int32_t k = (int32_t)n, k1 = k >> 1, k2 = (k - k1 + 127) << 23; /* n in [-150, 128] */
     union { int32_t i; float f; } s1 = {(k1 + 127) << 23}, s2 = {k2};
-    float y = p * s1.f * s2.f;
+    float y = x < -104.0f ? 0.0f : p * s1.f * s2.f;
     return x == x ? y : x;
 }
 

@@ -71,7 +71,7 @@
 #define NC_EXP(L)                                                                                   \
     static inline nc_f32x##L nc_expf##L(nc_f32x##L x)                                               \
     {                                                                                               \
-        nc_f32x##L c = nc_select##L(x < -104.0f, nc_splat##L(-104.0f), x);                          \
+        nc_f32x##L c = nc_select##L(x < -104.0f, nc_splat##L(0.0f), x);                             \
         c = nc_select##L(c > 89.0f, nc_splat##L(89.0f), c);                                         \
         c = nc_select##L(c == c, c, nc_splat##L(0.0f));                                             \
         nc_f32x##L n = (c * 1.44269502f + 12582912.0f) - 12582912.0f;                               \
@@ -85,6 +85,7 @@
         p = p * (r * r) + r + 1.0f;                                                                 \
         nc_i32x##L k = __builtin_convertvector(n, nc_i32x##L), k1 = k >> 1;                         \
         nc_f32x##L y = p * (nc_f32x##L)((k1 + 127) << 23) * (nc_f32x##L)((k - k1 + 127) << 23);     \
+        y = nc_select##L(x < -104.0f, nc_splat##L(0.0f), y);                                        \
         return nc_select##L(x == x, y, x);                                                          \
     }
 
