@@ -6,8 +6,8 @@ import pytest
 from nanocompile.codegen.render import render_tree
 from nanocompile.compiler import compile_model
 from nanocompile.ir import SEQ
-from nanocompile.loopir.ir import (Acc, AccInit, AccUpdate, Bin, FConst, IConst, Kernel, Load, Loop, Param, Store,
-                                   Var, format_kernel)
+from nanocompile.loopir.ir import (REDUCTION, Acc, AccInit, AccUpdate, Bin, FConst, IConst, Kernel, Load, Loop, Param,
+                                   Store, Var, format_kernel)
 from nanocompile.schedule import (Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam, Vectorize,
                                   apply)
 
@@ -126,6 +126,19 @@ def carry_kernel():
                                            Store("p0", Var("i0"), Acc("acc"))))))
 
 
+def sum_then_store_kernel(stored: str):
+    """Rows of 8: a sum over the row of p1, then a loop storing the row's elements divided by it
+    into `stored` (p0, or p1 itself: the next row's sum would read what this row stores)."""
+    row = Bin("*", Var("i0"), IConst(8))
+    return Kernel("rowsum", "div", (Param("p0", "f32", "write"), Param("p1", "f32", "write")),
+                  (Loop("i0", IConst(4), (
+                      AccInit("acc", "f32", FConst(0.0)),
+                      Loop("r", IConst(8), (AccUpdate("acc", Bin("+", Acc("acc"), Load("p1", Bin("+", row, Var("r"))))),),
+                           role=REDUCTION),
+                      Loop("i1", IConst(8), (Store(stored, Bin("+", row, Var("i1")),
+                                                   Bin("/", Load("p1", Bin("+", row, Var("i1"))), Acc("acc"))),)))),))
+
+
 def lane_arithmetic_kernel():
     """A position computed from the column: integer arithmetic that differs between lanes."""
     return Kernel("iota", "cast", (Param("p0", "f32", "write"),),
@@ -167,7 +180,18 @@ REFUSALS = {
     "vectorize carried value": (carry_kernel, (Vectorize("i0", 16),), "carries 'acc' from one iteration to the"),
     "vectorize lane arithmetic": (lane_arithmetic_kernel, (Vectorize("i0", 16),),
                                   "integer arithmetic that differs between lanes"),
+    "unroll-jam a sum before stores it reads": (lambda: sum_then_store_kernel("p1"), (UnrollJam("i0", 2),),
+                                                "exactly one reduction loop"),
 }
+
+
+def test_unroll_jam_runs_rows_sums_side_by_side_before_their_stores():
+    """Softmax's division: each row's sum, then a loop dividing the row by it. Jammed, the rows'
+    sums share one loop (each adding its own terms in order) and each row's loop follows."""
+    k = apply(sum_then_store_kernel("p0"), (UnrollJam("i0", 2),))
+    text = body(k)
+    assert text.count("reduce r in 0..8:") == 1 and text.count("for i1 in 0..8:") == 2, text
+    assert text.index("acc_1 = (acc_1 +") < text.index("for i1 in 0..8:"), text
 
 
 @pytest.mark.parametrize("case", sorted(REFUSALS))

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..loopir.ir import AccUpdate, Bin, IConst, Kernel, Loop, Poly, Store, Var
-from ..loopir.traverse import (declared, find_loop, loops, replace, statements, statements_in_loops, stores, substitute,
-                               uses)
+from ..loopir.traverse import (declared, find_loop, loads, loops, replace, statements, statements_in_loops, stores,
+                               substitute, uses)
 from .directives import Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam
 
 _GERUND = {"split": "splitting", "reorder": "reordering", "unroll": "unrolling"}
@@ -124,19 +124,28 @@ def unroll(k: Kernel, d: Unroll) -> tuple:
                                                       unrolled=loop.unrolled * d.factor),))
 
 
-def _reduction_chain(body) -> bool:
+def _reduction_chain(body, trailing: bool = False) -> bool:
     """Whether body holds exactly one loop, a reduction, whose body holds no loop or again
-    exactly one reduction loop, and so on (a block matmul's blocks around each block's sum)."""
+    exactly one reduction loop, and so on (a block matmul's blocks around each block's sum).
+    trailing: the first reduction may be followed by output loops without reductions (softmax's
+    division after its sum) whose stores the reduction does not read: jammed, every copy's sum
+    is taken before the first copy's loops store."""
     inner = [s for s in body if isinstance(s, Loop)]
-    if len(inner) != 1 or inner[0].is_output:
+    if not inner or inner[0].is_output:
         return False
+    after = inner[1:]
+    if after:
+        if not trailing or not all(lp.is_output and all(x.is_output for x in loops(lp.body)) for lp in after):
+            return False
+        if {ld.param for ld in loads(inner[0])} & {st.param for lp in after for st in stores(lp.body)}:
+            return False
     return not any(isinstance(s, Loop) for s in inner[0].body) or _reduction_chain(inner[0].body)
 
 
 def check_unroll_jam(k: Kernel, d: UnrollJam) -> Loop:
     loop, _ = output_loop(k, d.loop, "unroll")
     _whole_multiple(k, loop, d.factor)
-    if not _reduction_chain(loop.body):
+    if not _reduction_chain(loop.body, trailing=True):
         raise ScheduleError(f"{k.name}: loop {d.loop!r} must hold exactly one reduction loop (and each of those "
                             f"at most one) to jam the copies' reductions into one")
     _not_parallel(k, loop, "UnrollJam")

@@ -208,6 +208,7 @@ def _candidates(k: Kernel, lanes: int, weights: frozenset, state: frozenset = fr
             yield symbolic_columns(col, row, 8)
     if lanes:
         yield from _lane_reductions(k, lanes)
+        yield from _side_by_side_rows(k, lanes)
         for lp in loops(k.body):
             if lp.is_output and not any(isinstance(s, Loop) for s in lp.body):
                 vector = _vectorized(lp, lanes)
@@ -224,6 +225,28 @@ def _vectorized(lp: Loop, lanes: int) -> list:
     if isinstance(lp.extent, IConst):
         return [Vectorize(lp.var, lanes)]
     return [Split(lp.var, lanes), Vectorize(lp.var + "i", lanes)]
+
+
+def _side_by_side_rows(k: Kernel, lanes: int):
+    """A sum along a row of every stored key (softmax's) adds one term after another, each add
+    waiting for the last: the heads that share a key-value head (a constant loop directly around
+    the rows) move inside the rows and are jammed, so their sums run side by side, each in its
+    own order; then what the kernel would get."""
+    for heads in loops(k.body):
+        rows = heads.body[0] if len(heads.body) == 1 and isinstance(heads.body[0], Loop) else None
+        if not (heads.is_output and isinstance(heads.extent, IConst) and 2 <= heads.extent.value <= ATTENTION_ROWS
+                and rows is not None and rows.is_output and not isinstance(rows.extent, IConst)):
+            continue
+        sums = [s for s in rows.body if isinstance(s, Loop) and not s.is_output]
+        if len(sums) != 1 or isinstance(sums[0].extent, IConst):
+            continue
+        for lp in loops(rows.body):
+            if lp.is_output and not any(isinstance(s, Loop) for s in lp.body):
+                head = _vectorized(lp, lanes) + [Reorder(heads.var, rows.var), UnrollJam(heads.var, heads.extent.value)]
+                try:
+                    yield head + list(_basic(apply(k, head)))
+                except ScheduleError:
+                    continue
 
 
 def _lane_reductions(k: Kernel, lanes: int):
