@@ -47,14 +47,23 @@ def _uniform_division(n, lanes: int):
     block scale of the lanes' columns) needs no lane-dependent integer arithmetic."""
     if not (isinstance(n, Bin) and n.op in ("/", "%") and isinstance(n.b, IConst) and n.b.value % lanes == 0):
         return None
-    terms, const = linear(n.a)
+    start = _vector_start(n.a, lanes)
+    if start is None:
+        return None
+    uniform = Bin(n.op, start, n.b)
+    return uniform if n.op == "/" else Bin("+", uniform, Lane())
+
+
+def _vector_start(e, lanes: int):
+    """For e = i * lanes + c + lane with every coefficient and c multiples of lanes: the vector's
+    first position, i * lanes + c (the same in every lane); else None."""
+    terms, const = linear(e)
     if terms.get(Lane()) != 1 or const % lanes:
         return None
     rest = {a: c for a, c in terms.items() if a != Lane()}
     if any(contains(a, Lane) or c % lanes for a, c in rest.items()):
         return None
-    uniform = Bin(n.op, build(rest, const), n.b)
-    return uniform if n.op == "/" else Bin("+", uniform, Lane())
+    return build(rest, const)
 
 
 def _uniform_comparison(n, lanes: int):
@@ -63,13 +72,8 @@ def _uniform_comparison(n, lanes: int):
     is the same for a vector's lanes, so only the side it chooses is read."""
     if not (isinstance(n, Bin) and n.op in ("<", ">=") and isinstance(n.b, IConst) and n.b.value % lanes == 0):
         return None
-    terms, const = linear(n.a)
-    if terms.get(Lane()) != 1 or const % lanes:
-        return None
-    rest = {a: c for a, c in terms.items() if a != Lane()}
-    if any(contains(a, Lane) or c % lanes for a, c in rest.items()):
-        return None
-    return Bin(n.op, build(rest, const), n.b)
+    start = _vector_start(n.a, lanes)
+    return None if start is None else Bin(n.op, start, n.b)
 
 
 def lane_position(e) -> bool:
