@@ -211,12 +211,17 @@ def _candidates(k: Kernel, lanes: int, weights: frozenset, state: frozenset = fr
         yield from _side_by_side_rows(k, lanes)
         for lp in loops(k.body):
             if lp.is_output and not any(isinstance(s, Loop) for s in lp.body):
-                vector = _vectorized(lp, lanes)
-                try:  # the threads share a loop chosen among the vectorized kernel's loops
-                    yield vector + list(_basic(apply(k, vector)))
-                except ScheduleError:
-                    continue
+                yield from _then_threads(k, _vectorized(lp, lanes))
     yield list(_basic(k))
+
+
+def _then_threads(k: Kernel, head: list):
+    """head, then the basic recipe's parallel loop chosen among the loops head leaves (RoPE
+    vectorized: its heads, not the vectors of its 64 elements); nothing if head is illegal."""
+    try:
+        yield head + list(_basic(apply(k, head)))
+    except ScheduleError:
+        return
 
 
 def _vectorized(lp: Loop, lanes: int) -> list:
@@ -242,11 +247,8 @@ def _side_by_side_rows(k: Kernel, lanes: int):
             continue
         for lp in loops(rows.body):
             if lp.is_output and not any(isinstance(s, Loop) for s in lp.body):
-                head = _vectorized(lp, lanes) + [Reorder(heads.var, rows.var), UnrollJam(heads.var, heads.extent.value)]
-                try:
-                    yield head + list(_basic(apply(k, head)))
-                except ScheduleError:
-                    continue
+                yield from _then_threads(k, _vectorized(lp, lanes) + [Reorder(heads.var, rows.var),
+                                                                    UnrollJam(heads.var, heads.extent.value)])
 
 
 def _lane_reductions(k: Kernel, lanes: int):
