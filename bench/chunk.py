@@ -7,8 +7,8 @@ takes: compiler.DEFAULT_CHUNK), alternated round by round, and llama.cpp on the 
 """
 from __future__ import annotations
 
+import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -19,16 +19,29 @@ from bench.common import THREADS, append, pin_threads, summary
 PEER = {"f32": "f32", "int8": "q8_0"}
 
 
+def chunk_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(c) for c in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: chunk sizes are whole numbers separated by commas") from None
+    if any(c < 1 for c in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r}: a chunk holds at least 1 row")
+    return sizes
+
+
 def main() -> None:
     from bench.llamacpp import LlamaCppEngine, requantized
     from nanocompile.cache.location import cache_dir
     from nanocompile.library import CompiledSession
     from nanocompile.models import load_model
 
+    ap = argparse.ArgumentParser(description="pp512 at several prompt chunk sizes, alternated with llama.cpp")
+    ap.add_argument("precision", nargs="?", default="f32", choices=sorted(PEER))
+    ap.add_argument("chunks", nargs="?", default=[64, 96, 192], type=chunk_sizes, help="comma-separated, e.g. 64,96,192")
+    ap.add_argument("rounds", nargs="?", default=5, type=int)
+    args = ap.parse_args()
+    precision, chunks, rounds = args.precision, args.chunks, args.rounds
     pin_threads()
-    precision = sys.argv[1] if len(sys.argv) > 1 else "f32"
-    chunks = [int(c) for c in (sys.argv[2] if len(sys.argv) > 2 else "64,96,192").split(",")]
-    rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 5
     model = load_model("default", progress=False)
     ids = [int(t) for t in np.random.default_rng(0).integers(1000, 100000, 512)]
 

@@ -1,7 +1,8 @@
 """Per-kernel times of one prefill and one decode step, from a library built with
 NANOCOMPILE_PROFILE (every kernel call timed on thread 0, to the end of its barrier).
 
-    python -m bench.profile [int8|f32|native] [prompt tokens]   # prints; appends to bench/results.jsonl
+    python -m bench.profile [int8|f32|native] [prompt tokens] [--chunk N] [--threads N]
+                                                     # prints; appends to bench/results.jsonl
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 from bench.common import THREADS
 
 
-def profile(model, prompt, module, precision: str | None = None) -> dict:
+def profile(model, prompt, module, precision: str | None = None, threads: int = THREADS) -> dict:
     """Per-kernel times of one prefill and one decode step, from a NANOCOMPILE_PROFILE build.
     precision: the session's (native's module is int8's graph, so module.precision says int8)."""
     import numpy as np
@@ -31,8 +32,9 @@ def profile(model, prompt, module, precision: str | None = None) -> dict:
     manifest = json.loads(render_tree(module)["manifest.json"])
     cmake_build(d / "tree", d / "build", {"NANOCOMPILE_PROFILE": "ON"}, target=manifest["library"])
     lib_path = d / "build" / f"lib{manifest['library']}.so"
-    s = CompiledSession(model.config, model.weights, n_ctx=len(prompt) + 8, threads=THREADS,
-                        weights_key=model.key, library=(lib_path, manifest), precision=precision or module.precision)
+    s = CompiledSession(model.config, model.weights, n_ctx=len(prompt) + 8, threads=threads,
+                        weights_key=model.key, library=(lib_path, manifest), precision=precision or module.precision,
+                        max_chunk=module.max_chunk)
     p = manifest["prefix"]
     lib = s.lib.cdll
     for name, res in (("profile_kernels", ctypes.c_int32), ("profile_name", ctypes.c_char_p),
@@ -82,23 +84,33 @@ def main() -> None:
 
     from bench.common import append
     from nanocompile.choices import PRECISIONS
+    from nanocompile.compiler import DEFAULT_CHUNK
+
+    def positive(text: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: a whole number, at least 1")
+        return int(text)
+
     from nanocompile.library import CompiledSession
     from nanocompile.models import load_model
 
     ap = argparse.ArgumentParser(description="per-kernel times of a prompt and a decode step")
     ap.add_argument("precision", nargs="?", default="int8", choices=PRECISIONS)
     ap.add_argument("prompt", nargs="?", type=int, default=512, help="prompt tokens")
+    ap.add_argument("--chunk", type=positive, default=DEFAULT_CHUNK, help="prompt rows a pass takes (the library's)")
+    ap.add_argument("--threads", type=positive, default=THREADS)
     args = ap.parse_args()
     precision, n = args.precision, args.prompt
     model = load_model("default", progress=False)
-    s = CompiledSession(model.config, model.weights, n_ctx=n + 8, threads=THREADS, weights_key=model.key,
-                        precision=precision)
+    s = CompiledSession(model.config, model.weights, n_ctx=n + 8, threads=args.threads, weights_key=model.key,
+                        precision=precision, max_chunk=args.chunk)
     module = s.module
     s.close()
     prompt = [int(t) for t in np.random.default_rng(0).integers(1000, 100000, n)]
-    prof = profile(model, prompt, module, precision)
+    prof = profile(model, prompt, module, precision, args.threads)
     print_profile(prof, 10)
-    append({"bench": "profile", "precision": precision, "prompt": n, "march": module.options.march, **prof})
+    append({"bench": "profile", "precision": precision, "prompt": n, "march": module.options.march,
+            "chunk": args.chunk, "profile_threads": args.threads, **prof})
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from typing import Callable
 
 import numpy as np
 
+from .errors import InputError
 from .frontend.config import Qwen2Config
 from .frontend.qwen2 import qwen2_program
 from .ir.graph import Graph, format_graph
@@ -45,8 +46,9 @@ from .codegen.data import sources_digest
 
 # rows of a prompt per pass. Each pass reads every weight once, so a longer chunk reads them
 # less often; 96 is a multiple of every row tile (6 and 12 rows on AVX-512, 4 and 2 on AVX2). f32
-# prefill, pp512 at 1 thread: 96 rows 11% faster than 64, flat up to 512 in the projections, while
-# attention's softmax grows with the chunk (its scores leave the caches): docs/SCHEDULES.md.
+# prefill, pp512 at 1 thread: 96 rows 3-7% faster than 64 (bench.profile --chunk), flat up to 512
+# in the projections, while softmax grows with the chunk (its scores leave the caches):
+# docs/SCHEDULES.md, "The prompt chunk".
 DEFAULT_CHUNK = 96
 
 
@@ -256,6 +258,9 @@ class Module:
 def resolve_options(options: Options) -> tuple[Options, list[str]]:
     """The options with the target level filled in, and the ISA flags it requires (none when a
     level was asked for explicitly: it may be built for another machine)."""
+    chunk = options.max_chunk
+    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise InputError(f"max_chunk {chunk!r}: the prompt rows a pass takes must be a whole number, at least 1")
     isa = []
     if options.march is None:
         march, isa = detect_march()

@@ -38,6 +38,13 @@ def test_n_ctx_beyond_the_models_maximum(tiny):
         CompiledSession(cfg, w, n_ctx=257)
 
 
+@pytest.mark.parametrize("chunk", [0, -3, 2.5, "96", True])
+def test_a_chunk_that_is_not_a_positive_whole_number_is_refused_before_building(chunk):
+    cfg = tiny_config()
+    with pytest.raises(InputError, match=r"max_chunk .*: the prompt rows a pass takes must be a whole number, at least 1"):
+        CompiledSession(cfg, random_weights(cfg, seed=1), n_ctx=64, max_chunk=chunk)
+
+
 def test_overflowing_step_leaves_cache_and_position_unchanged(tiny):
     cfg, w = tiny
     s = CompiledSession(cfg, w, n_ctx=8)
