@@ -99,6 +99,11 @@ static inline uint8_t nc_load_u6(const int8_t *p, int64_t i)
  * operands shaped alike, so both reads are in bounds. */
 #define NC_PICK(c, a, b) ({ __typeof__(a) nc_a_ = (a); __typeof__(b) nc_b_ = (b); (c) ? nc_a_ : nc_b_; })
 
+/* Fetch the cache line at p into L2 for reading (prefetcht1): a projection's next block of
+ * weights, spread over the row tiles of the block before it (schedule/prefetch.py). A hint:
+ * it never faults and changes no value. */
+#define nc_prefetch(p) __builtin_prefetch((p), 0, 2)
+
 /* The sum of n int8 values, exact in int32 for n < 2^24: the correction a dot product with
  * unsigned (offset) weights subtracts once per block (schedule/unsigned.py). */
 static inline int32_t nc_sum_i8(const int8_t *p, int n)

@@ -8,8 +8,11 @@ from nanocompile.compiler import compile_model
 from nanocompile.ir import SEQ
 from nanocompile.loopir.ir import (REDUCTION, Acc, AccInit, AccUpdate, Bin, FConst, IConst, Kernel, Load, Loop, Param,
                                    Store, Var, format_kernel)
-from nanocompile.schedule import (Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam, Vectorize,
-                                  apply)
+from nanocompile.loopir.affine import linear
+from nanocompile.loopir.ir import Prefetch
+from nanocompile.loopir.traverse import statements_in_loops
+from nanocompile.schedule import (Pack, Parallel, PrefetchNext, Reorder, ScheduleError, Split, Unroll, UnrollJam,
+                                  Vectorize, apply)
 
 from helpers import graph_kernels, make_graph, target_lanes, target_level, tiny_config
 
@@ -81,6 +84,14 @@ STRUCTURE = {
     vector(8) for i1 in 0..2:
       acc: f32 = 0.0
       reduce k in 0..6:
+        acc = fma(p1[((i0 * 6) + k)], p2[(((i1 * 48) + (k * 8)) + lane)], acc)
+      p0[((i0 * 16) + ((i1 * 8) + lane))] = acc"""),
+    "prefetch_next": ((Vectorize("i1", 8), Pack("p2", 6, 8), Reorder("i0", "i1"), PrefetchNext("i1", "i0")), """\
+  vector(8) for i1 in 0..2:
+    for i0 in 0..seq:
+      acc: f32 = 0.0
+      reduce k in 0..6:
+        prefetch p2[(((i1 * 48) + (k * 8)) + 48)]
         acc = fma(p1[((i0 * 6) + k)], p2[(((i1 * 48) + (k * 8)) + lane)], acc)
       p0[((i0 * 16) + ((i1 * 8) + lane))] = acc"""),
     "parallel": ((Parallel("i1"),), """\
@@ -177,6 +188,10 @@ REFUSALS = {
     "vectorize lane-dependent select": (ROPE, (Vectorize("i2", 16),), "select on a lane-dependent condition"),
     "parallel leaves a store to every thread": (MM, (Split("i1", 5), Parallel("i1o")),
                                                 "store to p0 outside every parallel loop"),
+    "prefetch rows outside the columns": (QPROJ, (Vectorize("i1", 16), Pack("p2", 64, 16), PrefetchNext("i1", "i0")),
+                                          "the row loop 'i0' is not inside the column loop 'i1'"),
+    "prefetch without a reduction": (RMS, (PrefetchNext("i0", "i1"),), "no reduction loop directly inside 'i1'"),
+    "prefetch missing loop": (QPROJ, (PrefetchNext("i1", "i0o"),), "no output loop 'i0o'"),
     "vectorize carried value": (carry_kernel, (Vectorize("i0", 16),), "carries 'acc' from one iteration to the"),
     "vectorize lane arithmetic": (lane_arithmetic_kernel, (Vectorize("i0", 16),),
                                   "integer arithmetic that differs between lanes"),
@@ -213,6 +228,33 @@ def test_a_select_the_same_in_every_lane_vectorizes():
     c = render_tree(compile_model(tiny_config(**dict(VECTOR_CFG, hidden=128, heads=2, kv_heads=1, head_dim=64)),
                                   march="x86-64-v4"))["model.c"]
     assert "((i2 * 16) < 32) ? " in c
+
+
+@pytest.mark.parametrize("march", ["x86-64-v4", "x86-64-v3"])
+def test_prefetches_of_the_row_tiles_cover_the_next_block(march):
+    """Each projection's row tiles fetch the next column block: over the row tiles r mod n and the
+    reduction steps, their prefetches touch every cache line of the block after the one the
+    tile reads, and nothing outside it (SwiGLU's two weights each take a part of a line a step)."""
+    m = compile_model(tiny_config(**dict(VECTOR_CFG, hidden=128, ffn=256)), march=march)
+    fetched = 0
+    for k in m.kernels.values():
+        if not any(isinstance(d, PrefetchNext) for d in k.schedule):
+            continue
+        found = [(s, outer) for s, outer in statements_in_loops(k.body) if isinstance(s, Prefetch)]
+        dtype_bytes = {p.name: 4 for p in k.params}
+        for fetch, outer in found:
+            reduction, columns = outer[-1], next(lp for lp in outer if lp.parallel)
+            terms, const = linear(fetch.index)
+            per_column = terms.pop(Var(columns.var))
+            assert const == per_column, fetch  # the next block: one column iteration on
+            mod = [a for a in terms if isinstance(a, Bin) and a.op == "%"]
+            parts = mod[0].b.value if mod else 1
+            lines = {(const + (r * terms[mod[0]] if mod else 0) + step * terms[Var(reduction.var)])
+                     * dtype_bytes[fetch.param] // 64 for r in range(parts) for step in range(reduction.extent.value)}
+            block = {(per_column * dtype_bytes[fetch.param] + b) // 64 for b in range(0, per_column * 4, 64)}
+            assert lines == block, (k.name, fetch)
+            fetched += 1
+    assert fetched >= 5, "every f32 projection tiled in rows fetches its next block"
 
 
 def test_split_of_a_symbolic_multiple_leaves_no_tail():

@@ -8,7 +8,7 @@ import numpy as np
 from ..ir.expr import Expr
 from ..loopir.affine import build, linear
 from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, ByteSum, Cast, Dot, FConst, Fma, IConst, Lane, LaneMax, Load, NarrowByte,
-                         Loop, Poly, Select, Store, Un, Var, dtype_of)
+                         Loop, Poly, Prefetch, Select, Store, Un, Var, dtype_of)
 from ..loopir.traverse import statements as all_statements
 from ..loopir.traverse import fold, walk
 
@@ -141,6 +141,8 @@ def statements(body, dtypes: dict | None = None, vector=None) -> list[dict]:
             inner = VectorC(s.lanes, s.body, dtypes) if s.lanes else vector
             out.append({"kind": "loop", "var": s.var, "extent": c(s.extent), "body": statements(s.body, dtypes, inner),
                         "parallel": s.parallel})
+        elif isinstance(s, Prefetch):  # an address, the same in every lane
+            out.append({"kind": "line", "text": f"nc_prefetch({address(s.param, s.index)});"})
         elif vector is not None:
             out.append({"kind": "line", "text": vector.statement(s)})
         elif isinstance(s, Store):

@@ -234,7 +234,17 @@ class AccUpdate(Node):
     CHILDREN: ClassVar = ("value",)
 
 
-STATEMENTS = (Loop, Store, AccInit, AccUpdate)
+@dataclass(frozen=True)
+class Prefetch(Node):
+    """A hint that element index of param will be read soon: its cache line is fetched into L2.
+    It changes no value, and a prefetch never faults, so the line may lie past the buffer's end
+    (the block after a weight's last one)."""
+    param: str
+    index: Node
+    CHILDREN: ClassVar = ("index",)
+
+
+STATEMENTS = (Loop, Store, AccInit, AccUpdate, Prefetch)
 
 
 @dataclass(frozen=True)
@@ -377,6 +387,8 @@ def format_stmts(body, indent: int = 0) -> list[str]:
         elif isinstance(s, AccUpdate):
             lines.append(f"{pad}{s.name} = {format_expr(s.value)}" if s.kind == "sum"
                          else f"{pad}{s.name} = max({s.name}, {format_expr(s.value)})")
+        elif isinstance(s, Prefetch):
+            lines.append(f"{pad}prefetch {s.param}[{format_expr(s.index)}]")
         else:
             raise TypeError(f"not a loop-IR statement: {s!r}")
     return lines

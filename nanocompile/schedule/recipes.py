@@ -40,8 +40,8 @@ from ..loopir.affine import linear
 from ..loopir.ir import AccInit, AccUpdate, IConst, Kernel, Loop, Poly, Var
 from ..loopir.traverse import find_loop, loads, loops
 from .apply import apply, first_legal, is_legal
-from .directives import (DotProduct, LaneReduce, Pack, Parallel, Reorder, ScheduleError, Split, Unroll, UnrollJam,
-                         Vectorize)
+from .directives import (DotProduct, LaneReduce, Pack, Parallel, PrefetchNext, Reorder, ScheduleError, Split, Unroll,
+                         UnrollJam, Vectorize)
 from .loops import check_parallel, check_unroll_jam, has_tail
 
 # a projection's register tile by lanes: (rows sharing each vector of weights, vector
@@ -293,10 +293,12 @@ def projection(col: Loop, row, reduction: Loop, lanes: int, packed: list, column
     # the columns one iteration reads are one block: a thread reads one stream of weights
     unroll = ([UnrollJam(col.var, columns)] if columns > 1 else []) + \
         [Pack(p, reduction.extent.value, lanes * columns) for p in packed]
-    tile = []
+    tile, fetch = [], []
     if rows and row is not None:
         tile = [Reorder(row.var, col.var)] + ([Split(row.var, rows), UnrollJam(row.var + "i", rows)] if rows > 1 else [])
-    return [Vectorize(col.var, lanes)] + unroll + tile + [Parallel(col.var)]
+        # the row tiles read each block from L2: they fetch the next one (schedule/prefetch.py)
+        fetch = [PrefetchNext(col.var, row.var + "o" if rows > 1 else row.var)] if packed else []
+    return [Vectorize(col.var, lanes)] + unroll + tile + [Parallel(col.var)] + fetch
 
 
 def _block_projection(k: Kernel, col: Loop, row, blocks: Loop, products: Loop, lanes: int, weights: frozenset,
