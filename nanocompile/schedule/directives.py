@@ -126,7 +126,7 @@ class LaneReduce:
 @dataclass(frozen=True)
 class PrefetchNext:
     """While the row tiles of output loop `rows` read one block of a packed weight (what an
-    iteration of output loop `columns` reads over a whole reduction of K steps, n cache lines a
+    iteration of output loop `columns` reads over a whole reduction of K steps, n lines of 64 bytes a
     step), fetch the block the next iteration reads into L2: one line per reduction step, row
     tile r taking lines [(r mod n) * K, (r mod n + 1) * K) of it. The hardware prefetcher does
     not cross into the next block in time: the first row tile of each block waited on memory.

@@ -1,7 +1,7 @@
 """PrefetchNext: a projection's next block of weights fetched while the current one is read.
 
 A packed weight's block (schedule/pack.py) is what one iteration of the column loop reads over
-the whole reduction, K steps of n cache lines, and the row tiles inside read it again and again
+the whole reduction, K steps of n 64-byte lines, and the row tiles inside read it again and again
 from L2. The next block's first row tile found it in memory. Spreading its K * n lines over the
 row tiles before, one line per reduction step (row tile r takes lines (r mod n) * K onwards;
 SwiGLU's gate and up weights take half a line each), keeps the tile's loads from waiting on
