@@ -1,4 +1,4 @@
-"""bench/chunk.py refuses chunk sizes it cannot build in one line, before loading anything."""
+"""bench/chunk.py and bench/prefetch.py refuse arguments they cannot run in one line, before loading anything."""
 import subprocess
 import sys
 from pathlib import Path
@@ -15,3 +15,13 @@ def test_chunk_sizes_that_cannot_be_built_are_refused(chunks, why):
                        timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == f"chunk.py: error: argument chunks: {chunks!r}: {why}"
+
+
+@pytest.mark.parametrize("rounds, why", [("0", "rounds: at least 1, not 0"),
+                                         ("x", "argument rounds: invalid int value: 'x'")])
+def test_prefetch_ab_refuses_rounds_it_cannot_run(rounds, why):
+    """bench/prefetch.py: a number of rounds below 1 (or not a number) in one line, nothing loaded."""
+    r = subprocess.run([sys.executable, "-m", "bench.prefetch", rounds], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == f"prefetch.py: error: {why}"
