@@ -4,8 +4,8 @@ A packed weight's block (schedule/pack.py) is what one iteration of the column l
 the whole reduction, K steps of n 64-byte lines, and the row tiles inside read it again and again
 from L2. The next block's first row tile found it in memory. Spreading its K * n lines over the
 row tiles before, one line per reduction step (row tile r takes lines (r mod n) * K onwards;
-SwiGLU's gate and up weights take half a line each), keeps the tile's loads from waiting on
-memory for one more load a step."""
+two weights read side by side, a gate and its pair, take half a line each), keeps the tile's
+loads from waiting on memory for one more load a step."""
 from __future__ import annotations
 
 from ..loopir.affine import build, linear
