@@ -16,5 +16,5 @@ from .program import schedule_program
 from .recipes import default_schedule
 
 __all__ = ["apply", "first_legal", "is_legal", "default_schedule", "schedule_program", "check_parallel",
-           "ScheduleError", "DotProduct", "LaneReduce", "Pack", "Parallel", "PrefetchNext", "Reorder", "Split", "Unroll", "UnrollJam",
-           "Vectorize"]
+           "ScheduleError", "DotProduct", "LaneReduce", "Pack", "Parallel", "PrefetchNext", "Reorder", "Split", "Unroll",
+           "UnrollJam", "Vectorize"]

@@ -15,8 +15,7 @@ from .prefetch import prefetch_next
 from .vector import check_lanes, vectorize
 
 RULES = {Split: split, Reorder: reorder, Unroll: unroll, UnrollJam: unroll_jam, Vectorize: vectorize, Pack: pack,
-         Parallel: parallel, DotProduct: dot_product, LaneReduce: lane_reduce,
-         PrefetchNext: prefetch_next}
+         Parallel: parallel, DotProduct: dot_product, LaneReduce: lane_reduce, PrefetchNext: prefetch_next}
 
 
 def apply(k: Kernel, schedule) -> Kernel:

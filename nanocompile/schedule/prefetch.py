@@ -17,8 +17,8 @@ LINE_BYTES = 64
 
 
 def prefetch_next(k: Kernel, d: PrefetchNext) -> tuple:
-    columns, rows = _loop(k, d.columns), _loop(k, d.rows)
-    if columns not in find_loop(k.body, d.rows)[1]:
+    (columns, _), (rows, around_rows) = _loop(k, d.columns), _loop(k, d.rows)
+    if columns not in around_rows:
         raise ScheduleError(f"{k.name}: PrefetchNext: the row loop {d.rows!r} is not inside the column loop "
                             f"{d.columns!r}")
     reductions = [s for s in rows.body if isinstance(s, Loop) and not s.is_output]
@@ -35,11 +35,12 @@ def prefetch_next(k: Kernel, d: PrefetchNext) -> tuple:
     return body
 
 
-def _loop(k: Kernel, var: str) -> Loop:
+def _loop(k: Kernel, var: str) -> tuple[Loop, tuple]:
+    """(the output loop over var, the loops around it)."""
     found = find_loop(k.body, var)
     if found is None or not found[0].is_output:
         raise ScheduleError(f"{k.name}: PrefetchNext: no output loop {var!r}")
-    return found[0]
+    return found
 
 
 def _fetches(k: Kernel, reduction: Loop, d: PrefetchNext, dtypes: dict) -> tuple:
