@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from .version import __version__
 
 _API = {
     "Model": "api", "load": "api",
@@ -26,8 +26,7 @@ __all__ = ["ChatCompletion", "ChatCompletionChunk", "ChatMessage", "Completion",
 if TYPE_CHECKING:
     from .api import Model, load
     from .errors import ContextFullError, InputError, ModelError, NanocompileError, NonFiniteLogitsError
-    from .results import (ChatCompletion, ChatCompletionChunk, ChatMessage, Completion, CompletionChunk, Timings,
-                          Usage)
+    from .results import ChatCompletion, ChatCompletionChunk, ChatMessage, Completion, CompletionChunk, Timings, Usage
 
 
 def __getattr__(name: str):

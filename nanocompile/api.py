@@ -18,13 +18,11 @@ from typing import Callable, Iterator, Literal, Mapping, Sequence, overload
 
 import numpy as np
 
-from .checks import check_n_ctx, check_precision, check_tokens, resolve_precision
+from .engine.checks import check_n_ctx, check_precision, check_tokens
+from .engine.sampling import Sampler, SamplingParams
+from .engine.stream import GenerationResult, stream
 from .errors import ContextFullError, InputError, NanocompileError, NonFiniteLogitsError
-from .generate_text import GenerationResult, TextStream, stream_tokens
-from .results import (ChatCompletion, ChatCompletionChunk, ChatMessage, Completion, CompletionChunk, Timings,
-                      Usage)
-from .sampling import Sampler, SamplingParams
-from .stops import StopScanner
+from .results import ChatCompletion, ChatCompletionChunk, ChatMessage, Completion, CompletionChunk, Timings, Usage
 
 DEFAULT_CTX = 4096
 # Qwen2.5-Coder's fill-in-the-middle tokens; generation also ends at the ones that close a file
@@ -49,21 +47,20 @@ class Model:
 
     def __init__(self, model_path: str | Path = "default", *, n_ctx: int | None = None, n_threads: int = 2,
                  precision: str = "auto", backend: str = "compiled", seed: int = -1, progress: bool = True):
+        from .engine.open import open_model, open_session
         from .models import load_model
-        from .session import open_session
 
         check_precision(precision, auto=True)
         if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
             raise InputError(f"n_threads must be an integer of at least 1, got {n_threads!r}")
         SamplingParams(seed=seed).check(flag_names=False)  # before the model loads
         loaded = load_model(model_path, progress=progress)
-        precision = resolve_precision(precision, loaded.weights)
+        opened = open_model(loaded, precision)
         if n_ctx is None:
             n_ctx = min(DEFAULT_CTX, loaded.config.max_position_embeddings)
         check_n_ctx(n_ctx, loaded.config, loaded.source)
-        session = open_session(loaded, backend, n_ctx=n_ctx, threads=n_threads, progress=progress,
-                               precision=precision)
-        self._setup(loaded, session, seed, progress, precision, n_threads)
+        session = open_session(opened, backend, n_ctx=n_ctx, threads=n_threads, progress=progress)
+        self._setup(loaded, session, seed, progress, opened.precision, n_threads)
 
     @classmethod
     def from_session(cls, loaded, session, *, seed: int = -1, progress: bool = False, precision: str = "f32",
@@ -287,45 +284,28 @@ class Model:
         possible stop sequence is incomplete), then a last one with the rest of the text, why it
         stopped, usage and timings."""
         sampler = Sampler(params, rng=None if seed is not None else self._rng)
-        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-
-        def chunk(text: str, tokens: list[int], **end) -> CompletionChunk:
-            return CompletionChunk(cid, created, self.name, text, tokens, **end)
-
-        # the longest start the cache already holds; at least one token is fed for its logits
-        keep = min(_common_prefix(self.session.tokens, ids), len(ids) - 1)
-        self.session.truncate(keep)
         sampler.accept(ids)
-        result = GenerationResult(prompt_tokens=len(ids) - keep)
-        bar = _PromptBar(len(ids) - keep, getattr(self.session, "max_chunk", 0), self.progress)
-        pieces: list[str] = []
-        decoder = TextStream(tok, pieces.append) if tok else None
-        scanner = StopScanner(stops)
-        tokens = stream_tokens(self.session, ids[keep:], max_tokens, stop_ids, sampler, result, should_stop,
-                               bar.update)
+        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        result = GenerationResult(0)
+        bar = _PromptBar(result, getattr(self.session, "max_chunk", 0), self.progress)
+        pieces = stream(self.session, ids, max_tokens, choose=sampler, stop_ids=stop_ids, stops=stops, tokenizer=tok,
+                        reuse_cache=True, should_stop=should_stop, on_prompt_chunk=bar.update, result=result)
         try:
-            for token in tokens:
+            for piece in pieces:
                 bar.close()
-                if decoder and token not in stop_ids:
-                    decoder(token)
-                out = scanner.push("".join(pieces))
-                pieces.clear()
-                yield chunk(out, [token])
-                if scanner.hit:
-                    result.stop_reason = "stop"
-                    break
+                if piece.result is None:
+                    yield CompletionChunk(cid, created, self.name, piece.text, piece.tokens)
+                    continue
+                self.timings = result.timings
+                usage = Usage(len(ids), len(result.tokens), len(ids) + len(result.tokens))
+                yield CompletionChunk(cid, created, self.name, piece.text, [], stop_reason=result.stop_reason,
+                                      usage=usage, timings=self.timings)
         except NonFiniteLogitsError as e:  # weights or a configuration out of float32's range
             raise NonFiniteLogitsError(f"{e} (model {self.loaded.source})") from None
         finally:
-            tokens.close()
+            pieces.close()
             bar.close()
-            self.timings = Timings(result.prompt_tokens, keep, result.prompt_seconds, len(result.tokens),
-                                   result.decode_seconds)
-        if decoder:
-            decoder.flush()
-        usage = Usage(len(ids), len(result.tokens), len(ids) + len(result.tokens))
-        yield chunk(scanner.push("".join(pieces)) + scanner.flush(), [], stop_reason=result.stop_reason,
-                    usage=usage, timings=self.timings)
+            self.timings = result.timings
 
     def _take_over(self, stream: "_Stream | None") -> None:
         """Makes stream the model's one generation, ending any other that is unfinished."""
@@ -403,19 +383,23 @@ class _Stream(Iterator):
 
 
 class _PromptBar:
-    """A progress bar on stderr for a prompt of several chunks that takes more than a second."""
+    """A progress bar on stderr for a prompt of several chunks that takes more than a second; sized
+    when the first chunk is fed, by the tokens the generation loop feeds (result.prompt_tokens)."""
 
-    def __init__(self, total: int, chunk: int, enabled: bool):
-        self.bar = None
-        if enabled and chunk and total > chunk:
-            from tqdm import tqdm
-            self.bar = tqdm(total=total, desc="prompt", unit="tok", delay=1.0, leave=False, file=sys.stderr)
+    def __init__(self, result: GenerationResult, chunk: int, enabled: bool):
+        self.result, self.chunk, self.enabled = result, chunk, enabled
+        self.bar, self.done = None, False
 
     def update(self, n: int) -> None:
+        if self.bar is None and not self.done and self.enabled and self.chunk and self.result.prompt_tokens > self.chunk:
+            from tqdm import tqdm
+            self.bar = tqdm(total=self.result.prompt_tokens, desc="prompt", unit="tok", delay=1.0, leave=False,
+                            file=sys.stderr)
         if self.bar is not None:
             self.bar.update(n)
 
     def close(self) -> None:
+        self.done = True
         if self.bar is not None:
             self.bar.close()
             self.bar = None
@@ -453,14 +437,6 @@ def _message_dicts(messages: Sequence[Message]) -> list[dict]:
     if not out:
         raise InputError("the conversation has no messages")
     return out
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(differ[0]) if differ.size else n
 
 
 def _token_ids(chunks: Iterator[CompletionChunk]) -> Iterator[int]:

@@ -11,39 +11,20 @@ With a model, the packed weights file is written as DIR/weights.bin for the C dr
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
-from .codegen.data import data_root
-from .codegen.render import render_tree
-from .compiler import DEFAULT_CHUNK, STAGES, Module, compile_model
+from .codegen.options import DEFAULT_CHUNK
+from .codegen.tree import write_tree
+from .compiler import STAGE_NAMES
+from .engine.precision import PRECISION_CHOICES
 from .errors import NanocompileError
 from .frontend.config import Qwen2Config
-from .frontend.qwen2 import PRECISIONS
+from .frontend.qwen2 import PRECISIONS as GRAPH_PRECISIONS
 
 DEFAULT_ARCH = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                            num_key_value_heads=2, vocab_size=151936, rope_theta=1_000_000.0,
                            rms_norm_eps=1e-6, max_position_embeddings=32768)
-
-
-def write_tree(module: Module, out: Path) -> dict[str, Path]:
-    """Writes every generated file (only those whose text changed) and the runtime; returns them."""
-    out.mkdir(parents=True, exist_ok=True)
-    written = {}
-    for name, text in render_tree(module).items():
-        path = out / name
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
-        written[name] = path
-    root = data_root()
-    for sub in ("runtime", "cmake"):
-        dst = out / sub
-        dst.mkdir(exist_ok=True)
-        for src in sorted((root / sub).iterdir()):
-            if src.is_file() and (not (dst / src.name).exists() or (dst / src.name).read_bytes() != src.read_bytes()):
-                shutil.copyfile(src, dst / src.name)
-    return written
 
 
 def main(argv=None) -> int:
@@ -51,28 +32,33 @@ def main(argv=None) -> int:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("-m", "--model", help="'default', a GGUF file or a Hugging Face directory")
     src.add_argument("--default-arch", action="store_true", help="Qwen2.5-0.5B's architecture, no weights")
-    ap.add_argument("--precision", default="f32", choices=list(PRECISIONS))
+    ap.add_argument("--precision", default="f32", choices=list(PRECISION_CHOICES),
+                    help="with -m: auto, f32, int8 or native; with --default-arch: f32 or int8")
     ap.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="largest chunk of new tokens per pass")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--no-weights", action="store_true", help="do not write weights.bin")
-    ap.add_argument("--dump-after", choices=list(STAGES), metavar="STAGE",
-                    help=f"also print the graph or loop IR after a stage ({', '.join(STAGES)})")
+    ap.add_argument("--dump-after", choices=list(STAGE_NAMES), metavar="STAGE",
+                    help=f"also print the graph or loop IR after a stage ({', '.join(STAGE_NAMES)})")
     args = ap.parse_args(argv)
 
     try:
-        model = None
         if args.default_arch:
-            cfg = DEFAULT_ARCH
+            if args.precision not in GRAPH_PRECISIONS:
+                raise NanocompileError(f"--default-arch has no weights: --precision {args.precision} needs a model "
+                                       f"file (-m); without one choose {' or '.join(GRAPH_PRECISIONS)}")
+            from .compiler.driver import compile_model
+            module = compile_model(DEFAULT_ARCH, args.precision, args.chunk, dump_after=args.dump_after)
+            write_tree(module, args.out)
         else:
             # here, not at the top: `pip install .` runs this module with numpy and jinja2 alone
+            from .engine.open import open_model
+            from .engine.pack import pack_weights
             from .models import load_model
-            from .pack import pack_weights
-            model = load_model(args.model)
-            cfg = model.config
-        module = compile_model(cfg, args.precision, args.chunk, dump_after=args.dump_after)
-        write_tree(module, args.out)
-        if model is not None and not args.no_weights:
-            pack_weights(module, model.weights, args.out / "weights.bin")
+            opened = open_model(load_model(args.model), args.precision, max_chunk=args.chunk)
+            module = opened.compile(dump_after=args.dump_after)
+            write_tree(module, args.out)
+            if not args.no_weights:
+                pack_weights(module, opened.weights, args.out / "weights.bin")
     except NanocompileError as e:
         print(f"nanocompile.generate: error: {e}", file=sys.stderr)
         return 1

@@ -1,4 +1,6 @@
-"""What generated code and cached files record as their maker."""
-from . import __version__
+"""The package's version (pyproject.toml reads it from here) and what generated code and cached
+files record as their maker."""
+
+__version__ = "0.1.0"
 
 GENERATOR = f"nanocompile {__version__} codegen 2"

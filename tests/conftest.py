@@ -1,8 +1,4 @@
-"""Fixtures and tiers.
-
-Tiers (markers): `model` tests need the real default model (they use a real_* fixture or say so),
-`c` tests compile C, and every other test is `fast`: `pytest -m fast` runs in under a minute
-without a C compiler or the model. Plain `pytest` runs everything.
+"""Fixtures and targets; the tiers (model, c, fast) are tests/tiers.py's.
 
 Targets: every test marked `levels` (the code generator's C tests) runs at this CPU's level and,
 on an AVX-512 machine, again at the AVX2 level (NANOCOMPILE_MARCH=x86-64-v3), so what would fail
@@ -18,14 +14,18 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # helpers.py, oracle.py
+sys.path.insert(0, str(Path(__file__).parent))  # helpers.py
+# bench/support (tiny models, the oracle, the llama.cpp peer): the checkout's root goes last on the
+# path, so that `import nanocompile` still finds the installed package, not the source tree
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
+pytest.register_assert_rewrite("tiers")
 from helpers import LEVELS, N_TOKENS, greedy_run, real_prompt_ids  # noqa: E402
+from tiers import REAL_FIXTURES  # noqa: E402
 
 from nanocompile.target import FORCE, cpu_flags, detect_march, level_flags  # noqa: E402
 
-
-REAL_FIXTURES = {"real_model", "real_oracle", "real_session", "real_reference", "real_compiled"}
+pytest_plugins = ["tiers"]  # the model, c and fast tiers (tests/tiers.py)
 
 
 def pytest_addoption(parser):
@@ -34,9 +34,6 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "fast: needs neither a C compiler nor the real model")
-    config.addinivalue_line("markers", "c: compiles C")
-    config.addinivalue_line("markers", "model: needs the real default model")
     config.addinivalue_line("markers", "levels: run at every vector level this CPU runs (NANOCOMPILE_MARCH)")
 
 
@@ -65,14 +62,6 @@ def target(request, monkeypatch):
     return level
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if REAL_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.model)
-        if not (item.get_closest_marker("model") or item.get_closest_marker("c")):
-            item.add_marker(pytest.mark.fast)
-
-
 @pytest.fixture(scope="session")
 def real_model():
     """The default model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M), dequantized. Its absence fails
@@ -84,7 +73,7 @@ def real_model():
 
 @pytest.fixture(scope="session")
 def real_oracle(real_model):
-    from oracle import build_oracle
+    from bench.support.oracle import build_oracle
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -93,16 +82,17 @@ def real_oracle(real_model):
 
 @pytest.fixture(scope="session")
 def real_session(real_model):
-    from nanocompile.session import InterpreterSession
+    from nanocompile.engine.interpreted import InterpreterSession
 
-    return InterpreterSession(real_model.config, real_model.weights, n_ctx=512)
+    return InterpreterSession.from_weights(real_model.config, real_model.weights, n_ctx=512)
 
 
 @pytest.fixture(scope="session")
 def tiny_chat_model(tmp_path_factory):
     """A tiny random Qwen2 in a GGUF file with a byte-level tokenizer and a ChatML template, loaded
     (into a cache of its own): for the API and the server, where speed matters more than text."""
-    from helpers import random_weights, tiny_config, write_gguf
+    from bench.support.tiny import random_weights, tiny_config, write_gguf
+
     from nanocompile.models import load_model
 
     d = tmp_path_factory.mktemp("tiny_chat")
@@ -123,7 +113,7 @@ def isolated_cache(tmp_path, monkeypatch):
 def real_reference(real_model, real_oracle, real_session):
     """Per prompt, computed once: transformers' greedy run (tokens, logits, cache) and the
     interpreter's (tokens, logits, cache)."""
-    from oracle import oracle_greedy, oracle_logits
+    from bench.support.oracle import oracle_greedy, oracle_logits
 
     runs = {}
 
@@ -143,6 +133,6 @@ def real_reference(real_model, real_oracle, real_session):
 
 @pytest.fixture(scope="session")
 def real_compiled(real_model):
-    from nanocompile.session import open_session
+    from nanocompile.engine.open import open_session
 
     return open_session(real_model, "compiled", n_ctx=512, threads=2)

@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers import random_weights, tiny_config, write_gguf, write_hf_dir
+from bench.support.tiny import random_weights, tiny_config, write_gguf, write_hf_dir
 
 SEED = 20260511
 GGUF_RUN = ["-p", "hello there", "-n", "2", "--ids", "--temp", "0", "--backend", "interp", "-q", "-c", "64"]
@@ -224,7 +224,7 @@ WRONG_VALUES = {
 
 def hf_cases(out: Path, rng: random.Random) -> list[Case]:
     from nanocompile.models.gguf_model import GGUFModel
-    from nanocompile.tokenizer import Tokenizer
+    from nanocompile.models.tokenizer import Tokenizer
 
     out.mkdir(parents=True, exist_ok=True)
     cfg = base_config()

@@ -102,12 +102,13 @@ def main() -> int:
     import tokenizers  # noqa: F401
 
     import nanocompile.cli  # noqa: F401
-    import nanocompile.generate_text  # noqa: F401
-    import nanocompile.interpreter  # noqa: F401
+    import nanocompile.engine.interpreted  # noqa: F401
+    import nanocompile.engine.open  # noqa: F401
+    import nanocompile.engine.stream  # noqa: F401
+    import nanocompile.ir.interpreter  # noqa: F401
     import nanocompile.models.gguf_model  # noqa: F401
     import nanocompile.models.hf_dir  # noqa: F401
-    import nanocompile.session  # noqa: F401
-    import nanocompile.tokenizer  # noqa: F401
+    import nanocompile.models.tokenizer  # noqa: F401
 
     with tempfile.TemporaryDirectory(prefix="nc-fuzz-") as work:
         results = [run_case(case, Path(work), i) for i, case in enumerate(cases)]

@@ -12,13 +12,13 @@ import ctypes
 import numpy as np
 import pytest
 
-from nanocompile import interpreter
-from nanocompile.build import find_or_build
-from nanocompile.compiler import Options, compile_program
-from nanocompile.ir import PAST, SEQ, GraphBuilder
-from nanocompile.library import Library
-from nanocompile.pack import pack_weights
-from nanocompile.signature import VARIANTS, Signature, State, StepInput, StepOutput, StepProgram, WeightSpec
+from nanocompile.codegen.options import Options
+from nanocompile.compiler.build import find_or_build
+from nanocompile.compiler.driver import compile_program
+from nanocompile.engine.library import Library
+from nanocompile.engine.pack import pack_weights
+from nanocompile.ir import PAST, SEQ, GraphBuilder, interpreter
+from nanocompile.ir.signature import VARIANTS, Signature, State, StepInput, StepOutput, StepProgram, WeightSpec
 
 VOCAB, WIDTH, HIDDEN, BLOCKS = 37, 16, 16, 2
 

@@ -9,20 +9,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from session_wrappers import FaultySession, WrappedSession
 
 import nanocompile
 from nanocompile import Model
+from nanocompile.engine.interpreted import InterpreterSession
+from nanocompile.engine.stops import StopScanner
 from nanocompile.errors import ContextFullError, InputError, ModelError, NanocompileError, NonFiniteLogitsError
-from nanocompile.session import InterpreterSession
-from nanocompile.stops import StopScanner
 
 GREEDY = dict(temperature=0)
 
 
 def tiny_model(loaded, wrap=None, seed=-1, n_ctx=256):
-    session = InterpreterSession(loaded.config, loaded.weights, n_ctx=n_ctx)
+    session = InterpreterSession.from_weights(loaded.config, loaded.weights, n_ctx=n_ctx)
     return Model.from_session(loaded, wrap(session) if wrap else session, seed=seed)
 
 
@@ -290,7 +289,7 @@ def test_bad_arguments_when_loading(tmp_path):
 def test_the_default_precision_follows_the_file(tmp_path):
     """precision "auto" (the default): native where the file stores every matrix in blocks native
     runs as stored, f32 for a GGUF with float matrices and for a Hugging Face directory."""
-    from helpers import random_weights, tiny_config, write_gguf, write_hf_dir
+    from bench.support.tiny import random_weights, tiny_config, write_gguf, write_hf_dir
 
     cfg = tiny_config(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=300)
     w = random_weights(cfg)

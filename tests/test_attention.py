@@ -9,14 +9,13 @@ every prompt length and context, including n_ctx and pasts that are not whole bl
 """
 import numpy as np
 import pytest
+from bench.support.tiny import random_weights, tiny_config
 
-from nanocompile.compiler import compile_model
-from nanocompile.library import CompiledSession
+from nanocompile.compiler.driver import compile_model
+from nanocompile.engine.compiled import CompiledSession
 from nanocompile.loopir.ir import Un
 from nanocompile.loopir.traverse import walk
 from nanocompile.schedule.directives import Pack, Parallel, UnrollJam, Vectorize
-
-from helpers import random_weights, tiny_config
 
 CFG = tiny_config(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=320, max_pos=2048)
 
@@ -70,7 +69,7 @@ def test_blocked_keys_are_bitwise_equal_to_position_major(target):
     ids = [int(t) for t in np.random.default_rng(2).integers(0, CFG.vocab_size, 70)]
     runs = {}
     for schedule in (True, False):
-        s = CompiledSession(CFG, w, n_ctx=n_ctx, threads=2, schedule=schedule, tuned=False)
+        s = CompiledSession.from_weights(CFG, w, n_ctx=n_ctx, threads=2, schedule=schedule, tuned=False)
         rows = [s.step(ids, all_logits=True)]
         token = int(np.argmax(rows[0][-1]))
         while s.past < n_ctx:  # to the last position: the tail of the last block

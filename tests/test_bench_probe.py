@@ -1,4 +1,4 @@
-"""bench/probe.c builds at every x86-64 level the project meets (AVX2 with and without AVX-VNNI,
+"""bench/probes/machine.c (the machine probe) builds at every x86-64 level the project meets (AVX2 with and without AVX-VNNI,
 AVX-512 with and without VNNI): the AVX-512 and VNNI parts compile only where the level has them."""
 import shutil
 import subprocess
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-PROBE = Path(__file__).parents[1] / "bench" / "probe.c"
+PROBE = Path(__file__).parents[1] / "bench" / "probes" / "machine.c"
 LEVELS = {"avx2": ["-march=x86-64-v3"], "avx2+avxvnni": ["-march=x86-64-v3", "-mavxvnni"],
           "avx512": ["-march=x86-64-v4"], "avx512+vnni": ["-march=x86-64-v4", "-mavx512vnni"]}
 

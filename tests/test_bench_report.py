@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bench.support.tiny import random_weights, tiny_config, write_gguf
 
-from helpers import random_weights, tiny_config, write_gguf
+from bench.report import engines, plan, prepare, roofline, stats
+from bench.support import measure
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # bench/ is not installed; importing it takes ROOT off sys.path again
-from bench.report import engines, plan, prepare, roofline, stats  # noqa: E402
 
 REPORT = [sys.executable, "-m", "bench.report"]
 
@@ -48,7 +48,7 @@ def test_rotation_puts_each_engine_first_once():
 @pytest.mark.parametrize("wins, n", [(5, 5), (0, 5), (4, 5), (3, 6), (7, 10), (0, 0)])
 def test_sign_test_is_the_binomial_tail(wins, n):
     tail = sum(comb(n, k) for k in range(max(wins, n - wins), n + 1)) / 2 ** n
-    assert stats.two_sided_sign_test(wins, n) == pytest.approx(min(1.0, 2 * tail))
+    assert measure.two_sided_sign_test(wins, n) == pytest.approx(min(1.0, 2 * tail))
 
 
 def test_ratio_summary_drops_ties_from_the_sign_test():
@@ -83,7 +83,7 @@ def test_decode_weight_bytes_match_gguf_librarys_tensor_sizes(tmp_path):
 
 
 def test_native_has_its_row_and_says_why_it_is_missing():
-    from nanocompile.choices import PRECISIONS
+    from nanocompile.engine.precision import PRECISIONS
 
     native = engines.BY_ID["nc-native"]
     assert native.peer == "llama-file"

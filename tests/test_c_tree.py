@@ -7,12 +7,11 @@ import sys
 
 import numpy as np
 import pytest
+from bench.support.tiny import random_weights, tiny_config, write_gguf
 
-from nanocompile.build import cmake_build
-from nanocompile.library import CompiledSession
+from nanocompile.compiler.build import cmake_build
+from nanocompile.engine.compiled import CompiledSession
 from nanocompile.models import load_model
-
-from helpers import random_weights, tiny_config, write_gguf
 
 pytestmark = [pytest.mark.c, pytest.mark.levels]
 
@@ -62,7 +61,7 @@ def test_tree_builds_and_the_driver_agrees_with_python_bitwise(tiny_tree, monkey
 
     monkeypatch.setenv("NANOCOMPILE_CACHE", str(d / "cache"))
     model = load_model(gguf, progress=False)
-    s = CompiledSession(model.config, model.weights, n_ctx=32)
+    s = CompiledSession.from_weights(model.config, model.weights, n_ctx=32)
     logits = s.step([5, 17, 42, 7])
     expected = [f"prompt 4 top {int(np.argmax(logits))} fnv {_fnv(logits)}"]
     for i in range(6):

@@ -14,8 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from helpers import random_weights, tiny_config, write_gguf, write_hf_dir
+from bench.support.tiny import random_weights, tiny_config, write_gguf, write_hf_dir
 
 PROMPT = ("--prompt-ids", "1 2 3 4", "-n", "6", "--ids", "--temp", "0")
 
@@ -58,6 +57,7 @@ def only(directory: Path, pattern: str) -> Path:
 
 # repair -----------------------------------------------------------------------------------------
 
+@pytest.mark.c
 def test_damaged_packed_weights_are_packed_again_with_a_note(models, tmp_path):
     cache = tmp_path / "cache"
     want = nc("run", "-q", "-m", models["gguf"], *PROMPT, cache=cache).stdout
@@ -81,6 +81,7 @@ def test_damaged_packed_weights_are_packed_again_with_a_note(models, tmp_path):
     assert nc("run", "-q", "-m", models["gguf"], *PROMPT, cache=cache).stderr.count("nanocompile:") == 0
 
 
+@pytest.mark.c
 def test_damaged_library_is_built_again_with_a_note(models, tmp_path):
     cache = tmp_path / "cache"
     want = nc("run", "-q", "-m", models["gguf"], *PROMPT, cache=cache).stdout
@@ -132,6 +133,41 @@ def test_a_failed_write_leaves_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["entry.bin", "entry.bin.meta.json"]
 
 
+def test_an_entry_changed_in_any_way_is_hashed_in_full_and_an_unchanged_one_is_trusted(tmp_path):
+    """A file whose identity (device, inode, size, modification and change times) is still the one
+    its sidecar recorded when it was written is not hashed again; anything that changes the file
+    changes its identity (a write sets the change time even when the modification time is put
+    back), so it is hashed in full, and a file whose bytes still match gets its new identity
+    recorded. The trade: bytes that change without the filesystem knowing (the disk's own
+    corruption) pass a load until `cache verify`, which hashes in full (full=True)."""
+    from nanocompile.cache.files import check_entry, identity, read_record, sidecar_path, write_entry, write_record
+
+    dest = tmp_path / "entry.bin"
+    write_entry(dest, {"what": 1}, lambda out: out.write(b"x" * 100000))
+    meta = read_record(sidecar_path(dest))
+    assert meta["identity"] == identity(os.stat(dest))
+    st = os.stat(dest)
+    with open(dest, "r+b") as f:  # a byte changed in place, the modification time put back
+        f.seek(500)
+        f.write(b"y")
+    os.utime(dest, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(dest).st_mtime_ns == st.st_mtime_ns and os.stat(dest).st_ctime_ns != st.st_ctime_ns
+    assert check_entry(dest, {"what": 1}) == "does not match its checksum (damaged)"
+    # bytes put back: hashed in full, whole, and the identity now recorded
+    with open(dest, "r+b") as f:
+        f.seek(500)
+        f.write(b"x")
+    assert check_entry(dest, {"what": 1}) is None
+    assert read_record(sidecar_path(dest))["identity"] == identity(os.stat(dest))
+    # what the filesystem cannot see: bytes differ, the identity is the recorded one
+    with open(dest, "r+b") as f:
+        f.seek(500)
+        f.write(b"z")
+    write_record(sidecar_path(dest), {**read_record(sidecar_path(dest)), "identity": identity(os.stat(dest))})
+    assert check_entry(dest, {"what": 1}) is None
+    assert check_entry(dest, {"what": 1}, full=True) == "does not match its checksum (damaged)"
+
+
 WRITER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
@@ -169,6 +205,7 @@ def test_temporaries_of_a_killed_run_are_removed_by_the_next(tmp_path):
 
 # concurrency ------------------------------------------------------------------------------------
 
+@pytest.mark.c
 def test_concurrent_runs_on_an_empty_cache_make_each_entry_once(models, tmp_path):
     cache = tmp_path / "cache"
     env = {**os.environ, "NANOCOMPILE_CACHE": str(cache)}
@@ -204,6 +241,7 @@ def read_only(directory: Path) -> list[str]:
     return []
 
 
+@pytest.mark.c
 def test_read_only_cache_still_runs(models, tmp_path):
     filled, empty = tmp_path / "filled", tmp_path / "empty"
     want = nc("run", "-q", "-m", models["gguf"], *PROMPT, cache=filled).stdout
@@ -234,6 +272,7 @@ def test_cache_path_that_is_a_file_is_an_error(models, tmp_path):
     assert r.returncode == 1 and "the cache path is inside a file" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.c
 def test_cache_entry_that_cannot_be_written_is_an_error(models, tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -246,6 +285,7 @@ def test_cache_entry_that_cannot_be_written_is_an_error(models, tmp_path):
 
 # verify and clean -------------------------------------------------------------------------------
 
+@pytest.mark.c
 def test_cache_verify_and_clean(models, tmp_path):
     cache = tmp_path / "cache"
     nc("run", "-q", "-m", models["gguf"], *PROMPT, cache=cache)

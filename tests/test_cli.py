@@ -3,8 +3,7 @@ import subprocess
 import sys
 
 import pytest
-
-from helpers import random_weights, tiny_config, write_gguf
+from bench.support.tiny import random_weights, tiny_config, write_gguf
 
 
 def _run(*args):
@@ -14,7 +13,7 @@ def _run(*args):
 
 
 def test_ids_match_greedy_interpreter_on_real_model(real_model, real_session):
-    from nanocompile.generate_text import generate
+    from nanocompile.engine.stream import generate
 
     ids = real_model.tokenizer.encode("def add(a, b):")
     real_session.reset()
@@ -29,7 +28,7 @@ def test_ids_match_greedy_interpreter_on_real_model(real_model, real_session):
 
 
 def test_text_streams_and_matches_decode(real_model, real_session):
-    from nanocompile.generate_text import generate
+    from nanocompile.engine.stream import generate
 
     tok = real_model.tokenizer
     text = tok.render_chat([{"role": "user", "content": "Say hello in French."}])

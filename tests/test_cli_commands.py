@@ -13,8 +13,7 @@ import termios
 import time
 
 import pytest
-
-from helpers import random_weights, tiny_config, write_gguf
+from bench.support.tiny import random_weights, tiny_config, write_gguf
 
 NC = [sys.executable, "-m", "nanocompile"]
 

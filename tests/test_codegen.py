@@ -6,12 +6,11 @@ import sys
 
 import jinja2
 import pytest
+from bench.support.tiny import random_weights, tiny_config, write_gguf
 
 from nanocompile.codegen.render import environment, render_tree, template_data
-from nanocompile.compiler import STAGES, compile_model
-from nanocompile.generate import write_tree
-
-from helpers import random_weights, tiny_config, write_gguf
+from nanocompile.codegen.tree import write_tree
+from nanocompile.compiler.driver import STAGES, compile_model
 
 
 def test_generating_twice_gives_identical_files(tmp_path):
@@ -83,6 +82,6 @@ def test_dump_after_on_the_command_line(tmp_path):
 
 
 def test_the_command_line_lists_the_compilers_stages():
-    from nanocompile.choices import STAGE_NAMES
+    from nanocompile.compiler import STAGE_NAMES
 
     assert tuple(STAGES) == STAGE_NAMES

@@ -8,12 +8,12 @@ order either way (masked keys add exact zeros).
 """
 import numpy as np
 import pytest
+from bench.support.tiny import random_weights, tiny_config
+from helpers import N_TOKENS, greedy_run, real_prompt_ids
 
-from nanocompile.compiler import DEFAULT_CHUNK
-from nanocompile.library import CompiledSession
-from nanocompile.session import InterpreterSession, library_order
-
-from helpers import N_TOKENS, greedy_run, random_weights, real_prompt_ids, tiny_config
+from nanocompile.codegen.options import DEFAULT_CHUNK
+from nanocompile.engine.compiled import CompiledSession
+from nanocompile.engine.interpreted import InterpreterSession, library_order
 
 pytestmark = [pytest.mark.c, pytest.mark.levels]
 
@@ -46,8 +46,8 @@ def test_tiny_configs_are_bitwise_the_interpreters_compiled_order(name):
     cfg = tiny_config(**TINY[name])
     w = random_weights(cfg, seed=len(name))
     prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32]
-    compiled = greedy_run(CompiledSession(cfg, w, n_ctx=64, threads=2), prompt, 8)
-    interp = greedy_run(InterpreterSession(cfg, w, n_ctx=64, order=library_order()), prompt, 8)
+    compiled = greedy_run(CompiledSession.from_weights(cfg, w, n_ctx=64, threads=2), prompt, 8)
+    interp = greedy_run(InterpreterSession.from_weights(cfg, w, n_ctx=64, order=library_order()), prompt, 8)
     assert np.array_equal(compiled["prompt_logits"], interp["prompt_logits"])
     assert all(np.array_equal(a, b) for a, b in zip(compiled["step_logits"], interp["step_logits"]))
 
@@ -55,7 +55,7 @@ def test_tiny_configs_are_bitwise_the_interpreters_compiled_order(name):
 def test_real_model_is_bitwise_the_interpreters_compiled_order(real_model, real_compiled):
     """The shipped float32 library on the real model: the prompt's logits and two steps, bit
     for bit the interpreter's in its "compiled" order."""
-    interp = InterpreterSession(real_model.config, real_model.weights, n_ctx=64, order=library_order())
+    interp = InterpreterSession.from_weights(real_model.config, real_model.weights, n_ctx=64, order=library_order())
     ids = real_prompt_ids(real_model, "code")
     real_compiled.reset()
     assert np.array_equal(real_compiled.step(ids, all_logits=True), interp.step(ids, all_logits=True))
@@ -68,8 +68,8 @@ def test_tiny_configs_give_the_interpreters_tokens(name):
     cfg = tiny_config(**TINY[name])
     w = random_weights(cfg, seed=len(name))
     prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32]
-    compiled = greedy_run(CompiledSession(cfg, w, n_ctx=64), prompt, 16)
-    interp = greedy_run(InterpreterSession(cfg, w, n_ctx=64), prompt, 16)
+    compiled = greedy_run(CompiledSession.from_weights(cfg, w, n_ctx=64), prompt, 16)
+    interp = greedy_run(InterpreterSession.from_weights(cfg, w, n_ctx=64), prompt, 16)
     assert compiled["tokens"] == interp["tokens"]
     assert np.abs(compiled["prompt_logits"] - interp["prompt_logits"]).max() <= 1e-4
 
@@ -78,13 +78,13 @@ def test_long_prompt_runs_in_chunks_bitwise_equal_to_single_steps():
     cfg = tiny_config(max_pos=256)
     w = random_weights(cfg, seed=5)
     ids = [int(t) for t in np.random.default_rng(1).integers(0, cfg.vocab_size, 150)]
-    chunked = CompiledSession(cfg, w, n_ctx=200)
+    chunked = CompiledSession.from_weights(cfg, w, n_ctx=200)
     assert chunked.lib.max_chunk() == DEFAULT_CHUNK < len(ids)
     all_rows = chunked.step(ids, all_logits=True)       # chunks of 96 and 54
-    single = CompiledSession(cfg, w, n_ctx=200)
+    single = CompiledSession.from_weights(cfg, w, n_ctx=200)
     rows = np.stack([single.step([t]) for t in ids])
     assert np.array_equal(all_rows, rows)
-    last = CompiledSession(cfg, w, n_ctx=200).step(ids)  # the logits="none" variant for early chunks
+    last = CompiledSession.from_weights(cfg, w, n_ctx=200).step(ids)  # the logits="none" variant for early chunks
     assert np.array_equal(last, rows[-1])
     assert chunked.past == single.past == 150
 
@@ -93,7 +93,7 @@ def test_real_model_fused_is_bitwise_unfused(real_model, real_compiled):
     """The shipped library (fused, scheduled: vector code, packed weights, 2 threads) against the
     phase 2 library (one kernel per primitive, as lowered, one thread): the prompt, four cached
     steps and the KV cache, bit for bit. Fusion and schedules each keep every bit."""
-    unfused = CompiledSession(real_model.config, real_model.weights, n_ctx=64, weights_key=real_model.key,
+    unfused = CompiledSession.from_weights(real_model.config, real_model.weights, n_ctx=64, weights_key=real_model.key,
                               fuse=False, schedule=False)
     assert real_compiled.module.options.fuse and not unfused.module.options.fuse
     assert real_compiled.module.options.schedule and not unfused.module.options.schedule

@@ -2,19 +2,18 @@
 as text), each refusal (one test each), and the recipes' choices. No C is compiled here; the
 bitwise runs of these schedules are in test_schedules.py."""
 import pytest
+from bench.support.tiny import tiny_config
+from helpers import graph_kernels, make_graph, target_lanes, target_level
 
 from nanocompile.codegen.render import render_tree
-from nanocompile.compiler import compile_model
+from nanocompile.compiler.driver import compile_model
 from nanocompile.ir import SEQ
-from nanocompile.loopir.ir import (REDUCTION, Acc, AccInit, AccUpdate, Bin, FConst, IConst, Kernel, Load, Loop, Param,
-                                   Store, Var, format_kernel)
 from nanocompile.loopir.affine import linear
-from nanocompile.loopir.ir import Prefetch
+from nanocompile.loopir.ir import (REDUCTION, Acc, AccInit, AccUpdate, Bin, FConst, IConst, Kernel, Load, Loop, Param,
+                                   Prefetch, Store, Var, format_kernel)
 from nanocompile.loopir.traverse import statements_in_loops
 from nanocompile.schedule import (Pack, Parallel, PrefetchNext, Reorder, ScheduleError, Split, Unroll, UnrollJam,
                                   Vectorize, apply)
-
-from helpers import graph_kernels, make_graph, target_lanes, target_level, tiny_config
 
 
 def matmul_kernel():

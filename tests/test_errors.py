@@ -6,12 +6,11 @@ import sys
 
 import numpy as np
 import pytest
+from bench.support.tiny import random_weights, tiny_config, write_gguf, write_hf_dir
 
+from nanocompile.engine.interpreted import InterpreterSession
 from nanocompile.errors import ContextFullError, InputError, ModelError
 from nanocompile.models import default_model, load_model
-from nanocompile.session import InterpreterSession
-
-from helpers import random_weights, tiny_config, write_gguf, write_hf_dir
 
 
 @pytest.fixture()
@@ -151,7 +150,7 @@ def test_hf_directory_errors(tmp_path):
 
 def test_token_ids_outside_vocabulary_leave_state_unchanged():
     cfg = tiny_config()
-    s = InterpreterSession(cfg, random_weights(cfg), n_ctx=16)
+    s = InterpreterSession.from_weights(cfg, random_weights(cfg), n_ctx=16)
     s.step([1, 2, 3])
     before = {k: v.copy() for k, v in s.cache.items()}
     for bad in ([cfg.vocab_size], [-1], [5, cfg.vocab_size + 10]):
@@ -162,10 +161,10 @@ def test_token_ids_outside_vocabulary_leave_state_unchanged():
 
 
 def test_prompt_longer_than_context_leaves_state_unchanged():
-    from nanocompile.generate_text import generate
+    from nanocompile.engine.stream import generate
 
     cfg = tiny_config()
-    s = InterpreterSession(cfg, random_weights(cfg), n_ctx=8)
+    s = InterpreterSession.from_weights(cfg, random_weights(cfg), n_ctx=8)
     with pytest.raises(ContextFullError, match="more than the context"):
         generate(s, list(range(9)), 4)
     s.step([1, 2, 3, 4, 5])
@@ -173,14 +172,14 @@ def test_prompt_longer_than_context_leaves_state_unchanged():
         s.step([1, 2, 3, 4])
     assert s.past == 5
     with pytest.raises(InputError, match="exceeds the model's maximum"):
-        InterpreterSession(cfg, random_weights(cfg), n_ctx=cfg.max_position_embeddings + 1)
+        InterpreterSession.from_weights(cfg, random_weights(cfg), n_ctx=cfg.max_position_embeddings + 1)
 
 
 def test_generation_stops_cleanly_when_context_fills():
-    from nanocompile.generate_text import generate
+    from nanocompile.engine.stream import generate
 
     cfg = tiny_config()
-    s = InterpreterSession(cfg, random_weights(cfg), n_ctx=10)
+    s = InterpreterSession.from_weights(cfg, random_weights(cfg), n_ctx=10)
     result = generate(s, [1, 2, 3], -1)
     assert result.stop_reason in ("context", "eos") and s.past <= 10
     if result.stop_reason == "context":

@@ -2,15 +2,14 @@
 and nc_expfL (vector lanes) compute it bit for bit, and it is within one ulp of exp.
 
 The accuracy bound was checked on every float32 once (docs/results/phase6.md: at most 0.99 ulp,
-C and NumPy identical on all 2^32 inputs: `python -m bench.exp_check`, 3 minutes); here on a sample that covers the
+C and NumPy identical on all 2^32 inputs: `python -m bench.probes.exp`, 3 minutes); here on a sample that covers the
 whole range, subnormal results and the edges of overflow included."""
 import numpy as np
 import pytest
-
-from nanocompile.codegen.graph_library import GraphLibrary
-from nanocompile.interpreter import nc_expf
-
 from helpers import SEQ, make_graph, require_lanes
+
+from nanocompile.compiler.graph_library import GraphLibrary
+from nanocompile.ir.interpreter import nc_expf
 
 pytestmark = [pytest.mark.c, pytest.mark.levels]
 

@@ -8,15 +8,15 @@ the fused library stays bitwise equal to the unfused one (tests/test_compiled_mo
 """
 import numpy as np
 import pytest
+from bench.support.tiny import tiny_config
+from helpers import make_graph, x_
 
-from nanocompile.codegen.graph_library import GraphLibrary
-from nanocompile.compiler import compile_model
+from nanocompile.compiler.driver import compile_model
+from nanocompile.compiler.graph_library import GraphLibrary
 from nanocompile.ir.expr import SEQ
 from nanocompile.loopir.ir import AccUpdate, Bin, Fma
 from nanocompile.loopir.traverse import statements, walk
 from nanocompile.target import FORCE, cpu_flags
-
-from helpers import make_graph, tiny_config, x_
 
 
 def _sum_updates(module):
@@ -81,7 +81,7 @@ def test_the_interpreters_fmaf_is_cs_fmaf_also_at_ties():
     import ctypes
     import ctypes.util
 
-    from nanocompile.interpreter import fmaf
+    from nanocompile.ir.interpreter import fmaf
 
     libm = ctypes.CDLL(ctypes.util.find_library("m"))
     libm.fmaf.argtypes, libm.fmaf.restype = [ctypes.c_float] * 3, ctypes.c_float

@@ -14,16 +14,14 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from bench.support.peer import ggml_base, ggml_dequantize, ggml_quantize
+from bench.support.tiny import random_weights, tiny_config, write_gguf, write_hf_dir
 
-from nanocompile import formats
 from nanocompile.errors import ModelError
-from nanocompile.formats import (FORMATS, BitPart, BlockFormat, FormatDescriptionError, ScaleRule, Unpacked,
-                                 check_finite_scales, dequantize, format_named, format_of, pack, unpack)
-from nanocompile.models import load_model
+from nanocompile.models import formats, load_model
+from nanocompile.models.formats import (FORMATS, BitPart, BlockFormat, FormatDescriptionError, ScaleRule, Unpacked,
+                                        check_finite_scales, dequantize, format_named, format_of, pack, unpack)
 from nanocompile.models.gguf_file import read_gguf
-
-from ggml_reference import ggml_base, ggml_dequantize, ggml_quantize
-from helpers import random_weights, tiny_config, write_gguf, write_hf_dir
 
 
 def gguf_dequantizes(fmt: BlockFormat) -> bool:

@@ -4,13 +4,11 @@ import sys
 
 import numpy as np
 import pytest
+from bench.support.tiny import random_weights, tiny_config
 
-from nanocompile import interpreter
 from nanocompile.frontend import Qwen2Config, build_qwen2, cache_names, weight_shapes
-from nanocompile.graph_stats import node_counts
-from nanocompile.ir import PAST, SEQ, verify
-
-from helpers import random_weights, tiny_config
+from nanocompile.ir import PAST, SEQ, interpreter, verify
+from nanocompile.ir.stats import node_counts
 
 QWEN05 = dict(hidden_size=896, intermediate_size=4864, num_attention_heads=14, num_key_value_heads=2,
               vocab_size=151936)

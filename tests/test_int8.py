@@ -10,21 +10,20 @@ import subprocess
 
 import numpy as np
 import pytest
+from bench.support.tiny import random_weights, tiny_config
+from helpers import THREADS, graph_kernels, greedy_run, make_graph
 
-from nanocompile import interpreter
-from nanocompile.codegen.graph_library import GraphLibrary
-from nanocompile.compiler import DEFAULT_CHUNK
+from nanocompile.codegen.options import DEFAULT_CHUNK
+from nanocompile.compiler.graph_library import GraphLibrary
+from nanocompile.engine.compiled import CompiledSession
+from nanocompile.engine.interpreted import InterpreterSession
 from nanocompile.frontend import nn
-from nanocompile.ir import SEQ
+from nanocompile.ir import SEQ, interpreter
 from nanocompile.loopir.ir import format_kernel
-from nanocompile.library import CompiledSession
-from nanocompile.quantize import quantize_q8_0, split_q8_0
+from nanocompile.models.quantize import quantize_q8_0, split_q8_0
 from nanocompile.schedule import DotProduct, LaneReduce, Pack, Parallel, ScheduleError, UnrollJam, Vectorize, apply
-from nanocompile.schedule.pack import pack_array
-from nanocompile.session import InterpreterSession
+from nanocompile.schedule.blocking import pack_array
 from nanocompile.target import dot_weight_offset, runnable_targets, vector_lanes
-
-from helpers import THREADS, graph_kernels, greedy_run, make_graph, random_weights, tiny_config
 
 pytestmark = pytest.mark.c
 
@@ -262,10 +261,10 @@ def test_int8_model_scheduled_is_bitwise_unscheduled_at_every_target(name):
     ids = [int(t) for t in np.random.default_rng(6).integers(0, cfg.vocab_size, DEFAULT_CHUNK + 6)]  # two chunks
     for march in targets:
         # the baseline at the same target: one without FMA splits the float32 matmul sums (separate)
-        base = CompiledSession(cfg, w, n_ctx=128, precision="int8", schedule=False, march=march)
+        base = CompiledSession.from_weights(cfg, w, n_ctx=128, precision="int8", schedule=False, march=march)
         want = [base.step(ids, all_logits=True)] + [base.step([t]) for t in (5, 6, 7)]
         for threads in THREADS:
-            s = CompiledSession(cfg, w, n_ctx=128, precision="int8", threads=threads, march=march)
+            s = CompiledSession.from_weights(cfg, w, n_ctx=128, precision="int8", threads=threads, march=march)
             got = [s.step(ids, all_logits=True)] + [s.step([t]) for t in (5, 6, 7)]
             assert all(np.array_equal(a, b) for a, b in zip(want, got)), (march, threads)
             for layer in range(cfg.num_hidden_layers):
@@ -281,8 +280,8 @@ def test_int8_model_agrees_with_the_int8_interpreter(name):
     cfg = tiny_config(**INT8_CONFIGS[name])
     w = random_weights(cfg, seed=4)
     prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32]
-    compiled = greedy_run(CompiledSession(cfg, w, n_ctx=64, precision="int8", threads=2), prompt, 16)
-    interp = greedy_run(InterpreterSession(cfg, w, n_ctx=64, precision="int8"), prompt, 16)
+    compiled = greedy_run(CompiledSession.from_weights(cfg, w, n_ctx=64, precision="int8", threads=2), prompt, 16)
+    interp = greedy_run(InterpreterSession.from_weights(cfg, w, n_ctx=64, precision="int8"), prompt, 16)
     assert compiled["tokens"] == interp["tokens"]
     assert np.abs(compiled["prompt_logits"] - interp["prompt_logits"]).max() <= 1e-4
 
@@ -293,8 +292,8 @@ def test_int8_unfused_scheduled_model_is_bitwise_unscheduled():
     cfg = tiny_config(**INT8_CONFIGS["odd-widths"])
     w = random_weights(cfg, seed=4)
     ids = [3, 14, 15, 92, 65, 35, 89]
-    base = CompiledSession(cfg, w, n_ctx=32, precision="int8", fuse=False, schedule=False)
-    scheduled = CompiledSession(cfg, w, n_ctx=32, precision="int8", fuse=False, threads=2)
+    base = CompiledSession.from_weights(cfg, w, n_ctx=32, precision="int8", fuse=False, schedule=False)
+    scheduled = CompiledSession.from_weights(cfg, w, n_ctx=32, precision="int8", fuse=False, threads=2)
     assert any(k.startswith("rint") and k_.schedule for k, k_ in scheduled.module.kernels.items())
     for s in (base, scheduled):
         s.want = [s.step(ids, all_logits=True)] + [s.step([t]) for t in (5, 6)]

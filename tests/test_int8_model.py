@@ -5,16 +5,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from nanocompile.checks import weights_in
-from nanocompile.library import CompiledSession
-from nanocompile.models.gguf_model import GGUFModel
-from nanocompile.models.weights import WeightSource
-from nanocompile.peer import requantized
-from nanocompile.quantize import split_q8_0
-from nanocompile.session import InterpreterSession, library_order
-
 from helpers import greedy_run, real_prompt_ids
+
+from nanocompile.engine.compiled import CompiledSession
+from nanocompile.engine.interpreted import InterpreterSession, library_order
+from nanocompile.engine.open import weight_form
+from nanocompile.models.gguf_model import GGUFModel
+from nanocompile.models.quantize import split_q8_0
+from nanocompile.models.weights import WeightSource
+from bench.support.peer import requantized
 
 pytestmark = pytest.mark.model
 
@@ -22,12 +21,12 @@ pytestmark = pytest.mark.model
 @pytest.fixture(scope="module")
 def int8_weights(real_model):
     """Every int8 weight, made once (Q8_0 tensors split as stored, the rest quantized)."""
-    return dict(weights_in("int8", real_model.weights))
+    return dict(weight_form("int8", real_model.weights))
 
 
 @pytest.fixture(scope="module")
 def int8_compiled(real_model, int8_weights):
-    return CompiledSession(real_model.config, int8_weights, n_ctx=512, threads=2, weights_key=real_model.key,
+    return CompiledSession.from_weights(real_model.config, int8_weights, n_ctx=512, threads=2, weights_key=real_model.key,
                            precision="int8")
 
 
@@ -55,7 +54,7 @@ def test_real_int8_library_is_bitwise_its_unscheduled_build(real_model, int8_wei
     """The shipped int8 library (fused, scheduled: VNNI or AVX2 dot products, packed weights, 2
     threads) against the unfused, unscheduled int8 build: prompt, four steps and the KV cache."""
     ids = real_prompt_ids(real_model, "code")
-    plain = CompiledSession(real_model.config, int8_weights, n_ctx=64, weights_key=real_model.key,
+    plain = CompiledSession.from_weights(real_model.config, int8_weights, n_ctx=64, weights_key=real_model.key,
                             precision="int8", fuse=False, schedule=False)
     for s in (int8_compiled, plain):
         s.reset()
@@ -74,7 +73,7 @@ def test_real_int8_model_is_bitwise_the_int8_interpreter(real_model, int8_weight
     logits bit for bit at every step, so the same greedy tokens. (In NumPy's order, activation
     quantization turns float32 rounding differences into other int8 values: on the code prompt
     the logits differed by up to 0.31 and a near tie flipped a token at step 14.)"""
-    interp = InterpreterSession(real_model.config, int8_weights, n_ctx=128, precision="int8")
+    interp = InterpreterSession.from_weights(real_model.config, int8_weights, n_ctx=128, precision="int8")
     assert interp.order == library_order()  # "compiled_fma" where the target has FMA
     ids = real_prompt_ids(real_model, name)
     want = greedy_run(interp, ids, 16)
@@ -94,7 +93,7 @@ def test_q8_0_tensors_are_read_as_stored(real_model):
     def refuse(name):
         raise AssertionError(f"{name} was converted to float32")
 
-    weights = weights_in("int8", WeightSource(source.shapes, refuse, "the default model", raw=source.raw))
+    weights = weight_form("int8", WeightSource(source.shapes, refuse, "the default model", raw=source.raw))
     _, raw = source.raw("lm_head.weight")
     qs, d = split_q8_0(raw, *source.shapes["lm_head.weight"])
     assert np.array_equal(weights["lm_head.weight.qs"], qs) and np.array_equal(weights["lm_head.weight.d"], d)

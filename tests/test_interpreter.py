@@ -4,9 +4,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from nanocompile import interpreter
-from nanocompile.interpreter import InterpreterError
-from nanocompile.ir import PAST, SEQ, Expr, GraphBuilder
+from nanocompile.ir import PAST, SEQ, Expr, GraphBuilder, interpreter
+from nanocompile.ir.interpreter import InterpreterError
 
 ENVS = [{"seq": 1, "past": 0}, {"seq": 3, "past": 5}, {"seq": 7, "past": 2}]
 

@@ -4,7 +4,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from nanocompile.ir import PAST, SEQ, GraphBuilder, IRError, PRIMITIVES, format_graph, verify
+from nanocompile.ir import PAST, PRIMITIVES, SEQ, GraphBuilder, IRError, format_graph, verify
 
 
 def test_primitive_count_and_documentation():

@@ -1,7 +1,8 @@
 """Loop IR: views, lowering, the memory plan and the work counted from it."""
 import pytest
+from bench.support.tiny import tiny_config
 
-from nanocompile.compiler import compile_model, count_calls
+from nanocompile.compiler.driver import compile_model, count_calls
 from nanocompile.frontend.qwen2 import qwen2_program
 from nanocompile.generate import DEFAULT_ARCH
 from nanocompile.ir.expr import SEQ, Expr
@@ -9,8 +10,6 @@ from nanocompile.loopir import views as V
 from nanocompile.loopir.ir import DTYPE_BYTES, format_program
 from nanocompile.loopir.lower import lower
 from nanocompile.loopir.work import bytes_by_buffer, bytes_per_run
-
-from helpers import tiny_config
 
 
 @pytest.fixture(scope="module")

@@ -3,15 +3,14 @@
 interpreter like every int8 kernel."""
 import numpy as np
 import pytest
-
-from nanocompile.codegen.graph_library import GraphLibrary
-from nanocompile.schedule import DotProduct, Pack, Parallel, ScheduleError, Split, UnrollJam, Vectorize, apply
-from nanocompile.schedule.directives import Reorder
-from nanocompile.schedule.narrow import narrow_bytes, widen_bytes
-from nanocompile.schedule.pack import pack_array
-
 from helpers import graph_kernels, require_lanes
 from test_int8 import check_bitwise, projection_graph
+
+from nanocompile.compiler.graph_library import GraphLibrary
+from nanocompile.schedule import DotProduct, Pack, Parallel, ScheduleError, Split, UnrollJam, Vectorize, apply
+from nanocompile.schedule.blocking import pack_array
+from nanocompile.schedule.directives import Reorder
+from nanocompile.schedule.narrow import narrow_bytes, widen_bytes
 
 pytestmark = pytest.mark.c
 

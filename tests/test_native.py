@@ -9,18 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bench.support.tiny import random_weights, tiny_config, write_gguf, write_hf_dir
+from helpers import K_TYPES, greedy_run, real_prompt_ids, superblock_values, write_k_gguf
 
-from nanocompile.checks import weights_in
-from nanocompile.choices import GRAPH_OF, PRECISIONS
-from nanocompile.compiler import DEFAULT_CHUNK
-from nanocompile.formats import FORMATS, format_named
-from nanocompile.library import CompiledSession
-from nanocompile.quantize import Int8Weights, NativeWeights, exact_in_int8, narrow_storage, quantize_q8_0
-from nanocompile.session import InterpreterSession, library_order, open_session
+from nanocompile.codegen.options import DEFAULT_CHUNK
+from nanocompile.engine.compiled import CompiledSession
+from nanocompile.engine.interpreted import InterpreterSession, library_order
+from nanocompile.engine.open import open_session, weight_form
+from nanocompile.engine.precision import GRAPH_OF, PRECISIONS
+from nanocompile.models.formats import FORMATS, format_named
+from nanocompile.models.quantize import Int8Weights, NativeWeights, exact_in_int8, narrow_storage, quantize_q8_0
 from nanocompile.target import detect_march, dot_weight_offset, vector_lanes
-
-from helpers import (greedy_run, random_weights, real_prompt_ids, superblock_values, tiny_config, write_gguf,
-                     write_hf_dir)
 
 EXACT = {"Q8_0", "Q5_0", "Q4_0"}
 
@@ -116,10 +115,10 @@ def test_tiny_native_weights_are_the_files_blocks(tiny_native):
     """Every matrix in an exact format: qs * d is the gguf library's dequantization, bit for bit;
     the others are int8's requantization of their float32 values; vectors stay float32."""
     model, _ = tiny_native
-    native = weights_in("native", model.weights)
+    native = weight_form("native", model.weights)
     assert isinstance(native, NativeWeights)
     assert native.fallbacks == FALLBACKS
-    int8 = weights_in("int8", model.weights)
+    int8 = weight_form("int8", model.weights)
     for name, kind in native.types.items():
         qs, d = native[name + ".qs"], native[name + ".d"]
         assert qs.dtype == np.int8 and d.dtype == np.float16
@@ -135,11 +134,12 @@ def test_tiny_native_weights_are_the_files_blocks(tiny_native):
 
 
 def test_the_note_names_each_fallback_and_its_type(tiny_native):
-    note = weights_in("native", tiny_native[0].weights).fallback_note()
+    note = weight_form("native", tiny_native[0].weights).fallback_note()
     assert "2 tensor(s)" in note
     assert "Q4_1: model.layers.1.mlp.down_proj.weight" in note and "F32: model.layers.1.mlp.up_proj.weight" in note
 
 
+@pytest.mark.c
 def test_native_library_is_bitwise_its_unscheduled_build_and_the_interpreter(tiny_native, monkeypatch, capfd):
     """The same int8 library as int8's, with the native weights packed in a file of its own: bit
     for bit its own unfused, unscheduled build and the interpreter in the library's order
@@ -151,8 +151,8 @@ def test_native_library_is_bitwise_its_unscheduled_build_and_the_interpreter(tin
     compiled = open_session(model, "compiled", n_ctx=128, threads=2, precision="native")
     said = capfd.readouterr().err
     assert said.count("requantized to Q8_0") == 1 and "Q4_1" in said
-    plain = CompiledSession(model.config, model.weights, n_ctx=128, precision="native", fuse=False, schedule=False)
-    interp = InterpreterSession(model.config, model.weights, n_ctx=128, precision="native")
+    plain = CompiledSession.from_weights(model.config, model.weights, n_ctx=128, precision="native", fuse=False, schedule=False)
+    interp = InterpreterSession.from_weights(model.config, model.weights, n_ctx=128, precision="native")
     assert interp.order == library_order()
     assert sorted(compiled.module.narrow_weights) == (NARROW if five_bits_here() else [])
     # split by storage: layer 0's SwiGLU pair (Q4_0 gate in 4 bits, Q5_0 up in 5), layer 1's (its
@@ -167,6 +167,7 @@ def test_native_library_is_bitwise_its_unscheduled_build_and_the_interpreter(tin
     assert again.packed_path == compiled.packed_path
 
 
+@pytest.mark.c
 def test_native_keeps_five_bit_weights_where_the_target_can(tiny_native, monkeypatch):
     """Native's library is int8's but for the 5-bit weights: where the target keeps them in 5 bits
     it is a library of its own (another fingerprint) and its packed file is smaller; elsewhere the
@@ -201,6 +202,7 @@ def test_native_keeps_five_bit_weights_where_the_target_can(tiny_native, monkeyp
     assert not np.array_equal(native.step(ids), int8.step(ids))
 
 
+@pytest.mark.c
 def test_a_tied_five_bit_embedding_is_kept_in_five_bits(tmp_path, monkeypatch):
     """Tied, the embedding is the output head's weight: the head's dot products read it in 5 bits
     and the gather rebuilds each byte (nc_load_u5); bitwise against the unscheduled build and
@@ -212,10 +214,10 @@ def test_a_tied_five_bit_embedding_is_kept_in_five_bits(tmp_path, monkeypatch):
     types = {k: v for k, v in tiny_types(cfg).items() if k != "lm_head.weight"}
     model = load_model(write_gguf(tmp_path / "tied.gguf", cfg, random_weights(cfg, seed=12), tensor_types=types),
                        progress=False)
-    compiled = CompiledSession(model.config, model.weights, n_ctx=96, threads=2, precision="native")
+    compiled = CompiledSession.from_weights(model.config, model.weights, n_ctx=96, threads=2, precision="native")
     assert ("model.embed_tokens.weight.qs" in compiled.module.narrow_weights) == five_bits_here()
-    plain = CompiledSession(model.config, model.weights, n_ctx=96, precision="native", fuse=False, schedule=False)
-    interp = InterpreterSession(model.config, model.weights, n_ctx=96, precision="native")
+    plain = CompiledSession.from_weights(model.config, model.weights, n_ctx=96, precision="native", fuse=False, schedule=False)
+    interp = InterpreterSession.from_weights(model.config, model.weights, n_ctx=96, precision="native")
     ids = [int(t) for t in np.random.default_rng(4).integers(0, cfg.vocab_size, 9)]
     runs = [[s.step(ids, all_logits=True)] + [s.step([t]) for t in (5, 6)] for s in (compiled, plain, interp)]
     for other in runs[1:]:
@@ -230,14 +232,14 @@ def test_a_source_without_stored_blocks_runs_native_as_int8(tmp_path, capfd):
     cfg = tiny_config(**CFG)
     path = write_hf_dir(tmp_path / "hf", cfg, random_weights(cfg, seed=2))
     model = load_model(path, progress=False)
-    native = weights_in("native", model.weights)
+    native = weight_form("native", model.weights)
     assert native.blocks is None and set(native.fallbacks) == set(native.types)
     assert "has no stored quantized blocks" in native.fallback_note()
-    int8 = weights_in("int8", model.weights)
+    int8 = weight_form("int8", model.weights)
     assert isinstance(int8, Int8Weights) and not isinstance(int8, NativeWeights)
     for name in native:
         assert np.array_equal(native[name], int8[name]), name
-    plain = weights_in("native", {"w": np.ones((4, 32), np.float32)})  # a mapping of arrays: the same
+    plain = weight_form("native", {"w": np.ones((4, 32), np.float32)})  # a mapping of arrays: the same
     assert plain.fallback_note() and np.array_equal(plain["w.qs"], quantize_q8_0(np.ones((4, 32), np.float32))[0])
 
 
@@ -248,15 +250,12 @@ def test_cli_runs_native(tiny_native):
                         "-n", "4", "--temp", "0", "--ids", "--precision", "native", "-q"],
                        capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr
-    interp = greedy_run(InterpreterSession(model.config, model.weights, n_ctx=64, precision="native"), [3, 14, 15], 4)
+    interp = greedy_run(InterpreterSession.from_weights(model.config, model.weights, n_ctx=64, precision="native"), [3, 14, 15], 4)
     assert [int(t) for t in r.stdout.split()] == interp["tokens"]
 
 
 # K formats as stored ---------------------------------------------------------------------------
 
-K_CFG = dict(CFG, ffn=256)  # a down projection of whole 256-blocks
-K_TYPES = {"model.layers.0.mlp.down_proj.weight": "Q4_K", "model.layers.1.mlp.down_proj.weight": "Q6_K",
-           "model.layers.0.mlp.up_proj.weight": "Q5_0"}
 
 
 @pytest.fixture(scope="module")
@@ -265,8 +264,7 @@ def tiny_k(tmp_path_factory):
     from nanocompile.models import load_model
 
     d = tmp_path_factory.mktemp("k")
-    cfg = tiny_config(**K_CFG)
-    path = write_gguf(d / "k.gguf", cfg, random_weights(cfg, seed=21), tensor_types=K_TYPES)
+    path = write_k_gguf(d / "k.gguf")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NANOCOMPILE_CACHE", str(d / "cache"))
         return load_model(path, progress=False), d / "cache"
@@ -277,7 +275,7 @@ def test_k_format_matrices_are_the_files_blocks(tiny_k):
     float16 super-scales): their values are the gguf library's dequantization bit for bit, and
     nothing is requantized."""
     model, _ = tiny_k
-    native = weights_in("native", model.weights)
+    native = weight_form("native", model.weights)
     assert native.fallbacks == {} and native.fallback_note() is None
     assert native.superblocks == (("model.layers.0.mlp.down_proj.weight", 32, 256, True),
                                   ("model.layers.1.mlp.down_proj.weight", 16, 256, False))
@@ -294,6 +292,7 @@ def test_k_format_matrices_are_the_files_blocks(tiny_k):
         [f"model.layers.1.mlp.down_proj.weight.{p}" for p in ("qs", "sc", "d")])
 
 
+@pytest.mark.c
 def test_k_formats_run_as_stored_bitwise(tiny_k, monkeypatch):
     """superblock_matmul in the model: the scheduled library (quants in 4 and 6 bits where the
     target's dot products take them) is bit for bit its unfused, unscheduled build and the
@@ -302,8 +301,8 @@ def test_k_formats_run_as_stored_bitwise(tiny_k, monkeypatch):
     monkeypatch.setenv("NANOCOMPILE_CACHE", str(cache))
     ids = [int(t) for t in np.random.default_rng(5).integers(0, model.config.vocab_size, 70)]
     compiled = open_session(model, "compiled", n_ctx=128, threads=2, precision="native")
-    plain = CompiledSession(model.config, model.weights, n_ctx=128, precision="native", fuse=False, schedule=False)
-    interp = InterpreterSession(model.config, model.weights, n_ctx=128, precision="native")
+    plain = CompiledSession.from_weights(model.config, model.weights, n_ctx=128, precision="native", fuse=False, schedule=False)
+    interp = InterpreterSession.from_weights(model.config, model.weights, n_ctx=128, precision="native")
     source = (compiled.lib.path.parent / "model.c").read_text()
     for bits in (4, 6):
         assert (f"nc_dot4u{bits}_16(" in source) == five_bits_here(), bits
@@ -315,7 +314,7 @@ def test_k_formats_run_as_stored_bitwise(tiny_k, monkeypatch):
 
 @pytest.fixture(scope="module")
 def real_native(real_model):
-    return weights_in("native", real_model.weights)
+    return weight_form("native", real_model.weights)
 
 
 def test_real_exact_tensors_are_the_files_values(real_model, real_native):
@@ -354,7 +353,7 @@ def test_real_native_library_is_bitwise_the_native_interpreter(real_model, real_
     code's order (library_order), so the compiled native model's logits are the interpreter's
     bit for bit: the prompt's rows and every step."""
     ids = real_prompt_ids(real_model, "code")
-    interp = InterpreterSession(real_model.config, real_native, n_ctx=64, precision="native")
+    interp = InterpreterSession.from_weights(real_model.config, real_native, n_ctx=64, precision="native")
     assert interp.order == library_order()
     compiled = open_session(real_model, "compiled", n_ctx=64, threads=2, precision="native")
     want, got = greedy_run(interp, ids, 6), greedy_run(compiled, ids, 6)
@@ -364,7 +363,7 @@ def test_real_native_library_is_bitwise_the_native_interpreter(real_model, real_
 
 
 def llama_greedy(llm, ids: list[int], n: int) -> tuple[list[int], list[np.ndarray]]:
-    from nanocompile.peer import quiet_stderr
+    from bench.support.peer import quiet_stderr
 
     llm.reset()
     with quiet_stderr():
@@ -406,7 +405,7 @@ def test_real_native_against_llama_cpp_on_the_same_file(real_model, capsys):
     cache and its summation order) is the same for both. Greedy agreement is printed, not
     asserted: the remaining differences flip near ties."""
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-    from nanocompile.peer import quiet_stderr
+    from bench.support.peer import quiet_stderr
 
     with quiet_stderr():
         llm = llama_cpp.Llama(model_path=str(real_model.source), n_ctx=256, n_threads=2, n_threads_batch=2,
@@ -438,7 +437,7 @@ def test_real_native_packed_size(real_model, monkeypatch):
     256), or in 4, 5 or 6 bits per weight where the file's blocks are so and the target keeps
     them so, and the float32 vectors, exactly (alignment aside). Issue 13's gate, at most 1.2x
     the GGUF, holds with the narrow weights."""
-    from nanocompile.layout import HEADER_BYTES, WEIGHT_ALIGN
+    from nanocompile.codegen.layout import HEADER_BYTES, WEIGHT_ALIGN
 
     session = open_session(real_model, "compiled", n_ctx=64, threads=1, precision="native")
     size = session.packed_path.stat().st_size

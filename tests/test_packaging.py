@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 import nanocompile
-from nanocompile.build import find_or_build, packaged_manifests
-from nanocompile.compiler import compile_model
+from nanocompile.compiler.build import find_or_build, packaged_manifests
+from nanocompile.compiler.driver import compile_model
 from nanocompile.generate import DEFAULT_ARCH
 
 
@@ -32,7 +32,7 @@ def test_wheel_carries_templates_runtime_and_cmake():
 def test_real_model_uses_the_shipped_library(real_model, real_compiled):
     """Without tuned schedules the shipped library; with them (`nanocompile tune` ran on this
     CPU with this cache) a library built for them in the cache."""
-    from nanocompile.session import open_session
+    from nanocompile.engine.open import open_session
 
     shipped = Path(nanocompile.__file__).parent / "lib"
     untuned = open_session(real_model, "compiled", n_ctx=64, threads=1, tuned=False)

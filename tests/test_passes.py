@@ -2,19 +2,19 @@
 (bitwise), and fusion checked by running fused against unfused C (bitwise)."""
 import numpy as np
 import pytest
+from bench.support.tiny import random_weights, tiny_config
+from helpers import BOUNDED, ENVS, EXACT, feeds, make_graph
 
-from nanocompile import interpreter
-from nanocompile.codegen.graph_library import GraphLibrary
-from nanocompile.compiler import Options, compile_model, run_pipeline
-from nanocompile.frontend.qwen2 import qwen2_program
+from nanocompile.codegen.options import Options
+from nanocompile.compiler.driver import compile_model, run_pipeline
+from nanocompile.compiler.graph_library import GraphLibrary
+from nanocompile.engine.compiled import CompiledSession
 from nanocompile.frontend import build_qwen2, cache_names
+from nanocompile.frontend.qwen2 import qwen2_program
 from nanocompile.generate import DEFAULT_ARCH
-from nanocompile.ir import SEQ, GraphBuilder, verify
-from nanocompile.library import CompiledSession
+from nanocompile.ir import SEQ, GraphBuilder, interpreter, verify
 from nanocompile.passes.cse import cse
 from nanocompile.passes.fold import fold_constants
-
-from helpers import BOUNDED, ENVS, EXACT, feeds, make_graph, random_weights, tiny_config
 
 
 def _run_model_graph(g, cfg, w, ids, past_cache=None):
@@ -114,7 +114,7 @@ def test_fusion_plan_roots():
 def test_fused_model_is_bitwise_unfused_with_cache(cfg_args):
     cfg = tiny_config(**cfg_args)
     w = random_weights(cfg, seed=9)
-    fused, unfused = CompiledSession(cfg, w, n_ctx=120), CompiledSession(cfg, w, n_ctx=120, fuse=False)
+    fused, unfused = CompiledSession.from_weights(cfg, w, n_ctx=120), CompiledSession.from_weights(cfg, w, n_ctx=120, fuse=False)
     ids = [int(t) for t in np.random.default_rng(2).integers(0, cfg.vocab_size, 70)]  # two chunks
     assert np.array_equal(fused.step(ids, all_logits=True), unfused.step(ids, all_logits=True))
     for t in (5, 6, 7, 8):

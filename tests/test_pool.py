@@ -4,7 +4,6 @@ every call runs exactly once, the calls in order, each call's chunk count asked 
 AddressSanitizer and UndefinedBehaviorSanitizer; passes shared between threads and passes run
 on the calling thread alone both occur."""
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,20 +19,12 @@ BUILDS = {  # name: (compiler flags, passes per thread count)
 }
 
 
-@pytest.fixture(scope="module")
-def compiler():
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler on this machine")
-    return cc
-
-
 @pytest.mark.parametrize("build", sorted(BUILDS))
-def test_every_chunk_runs_once_and_calls_run_in_order(build, compiler, tmp_path):
+def test_every_chunk_runs_once_and_calls_run_in_order(build, cc, tmp_path):
     flags, passes = BUILDS[build]
     runtime = data_root() / "runtime"
     exe = tmp_path / f"pool_stress_{build}"
-    cmd = [compiler, "-std=gnu11", "-Wall", "-Wextra", "-Werror", *flags, "-I", str(runtime),
+    cmd = [cc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", *flags, "-I", str(runtime),
            str(Path(__file__).with_name("pool_stress.c")), str(runtime / "nc_pool.c"), "-o", str(exe), "-lpthread"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -51,7 +42,7 @@ def test_every_chunk_runs_once_and_calls_run_in_order(build, compiler, tmp_path)
             assert shared > 0, (threads, shared, alone)
 
 
-def test_the_stress_harness_catches_a_pool_that_runs_a_chunk_twice(compiler, tmp_path):
+def test_the_stress_harness_catches_a_pool_that_runs_a_chunk_twice(cc, tmp_path):
     """The harness can fail: a pool whose workers also run chunk 0 of every call is refused."""
     runtime = data_root() / "runtime"
     broken = tmp_path / "nc_pool.c"
@@ -60,7 +51,7 @@ def test_the_stress_harness_catches_a_pool_that_runs_a_chunk_twice(compiler, tmp
     assert needle in text
     broken.write_text(text.replace(needle, needle + "    if (chunk != 0) p->run(p->ctx, call, 0, (int)chunks);\n"))
     exe = tmp_path / "pool_broken"
-    r = subprocess.run([compiler, "-std=gnu11", "-O1", "-I", str(runtime), str(Path(__file__).with_name("pool_stress.c")),
+    r = subprocess.run([cc, "-std=gnu11", "-O1", "-I", str(runtime), str(Path(__file__).with_name("pool_stress.c")),
                         str(broken), "-o", str(exe), "-lpthread"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     r = subprocess.run([str(exe), "2", "50"], capture_output=True, text=True, timeout=60)

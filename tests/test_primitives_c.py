@@ -7,12 +7,11 @@ index order, NumPy pairwise or through BLAS: |error| <= n * eps * sum|terms|).
 """
 import numpy as np
 import pytest
-
-from nanocompile import interpreter
-from nanocompile.codegen.graph_library import GraphLibrary
-from nanocompile.session import library_order
-
 from helpers import BOUNDED, ENVS, EPS, EXACT, feeds, make_graph, ulps
+
+from nanocompile.compiler.graph_library import GraphLibrary
+from nanocompile.engine.interpreted import library_order
+from nanocompile.ir import interpreter
 
 pytestmark = [pytest.mark.c, pytest.mark.levels]
 
@@ -96,7 +95,7 @@ def test_a_select_on_a_stored_mask_survives_gcc_o3(monkeypatch):
     (found in stop 22 on an unfused build: quantization blocks of 16). The generated code reads
     both sides of a select on a stored mask (NC_PICK): an unfused where over [seq, 16, 16] built
     at -O3, bitwise against the interpreter."""
-    from nanocompile.codegen import graph_library
+    from nanocompile.compiler import graph_library
     from nanocompile.ir import SEQ
 
     monkeypatch.setattr(graph_library, "CFLAGS", ["-O3" if f == "-O2" else f for f in graph_library.CFLAGS])

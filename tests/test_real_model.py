@@ -6,9 +6,8 @@ to transformers' cache in every layer, and cached decoding equal to uncached.
 """
 import numpy as np
 import pytest
-
 from helpers import N_TOKENS, real_prompt_ids
-from oracle import cache_layer
+from bench.support.oracle import cache_layer
 
 
 @pytest.mark.parametrize("name", ["code", "english", "chat"])
@@ -31,14 +30,14 @@ def test_interpreter_matches_transformers(real_model, real_reference, name):
 
 
 def test_cached_decoding_equals_uncached(real_model, real_session):
-    from nanocompile.session import InterpreterSession
+    from nanocompile.engine.interpreted import InterpreterSession
 
     ids = real_prompt_ids(real_model, "code")
     s = real_session
     s.reset()
     logits = s.step(ids)
     seq = list(ids)
-    fresh = InterpreterSession(real_model.config, real_model.weights, n_ctx=512)
+    fresh = InterpreterSession.from_weights(real_model.config, real_model.weights, n_ctx=512)
     for _ in range(12):
         fresh.reset()
         full = fresh.step(seq)

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
+from nanocompile.engine.sampling import Sampler, SamplingParams
 from nanocompile.errors import InputError
-from nanocompile.sampling import Sampler, SamplingParams
 
 LOGITS = np.array([1.0, 3.0, 2.5, -1.0, 0.0], np.float32)
 

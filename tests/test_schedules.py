@@ -4,19 +4,18 @@ import subprocess
 
 import numpy as np
 import pytest
+from bench.support.tiny import random_weights, tiny_config
+from helpers import BOUNDED, ENVS, EXACT, LEVELS, THREADS, feeds, graph_kernels, make_graph, require_lanes, require_level
 
-from nanocompile.build import cmake_build
-from nanocompile.codegen.graph_library import GraphLibrary
-from nanocompile.compiler import compile_model
-from nanocompile.generate import write_tree
-from nanocompile.library import CompiledSession
-from nanocompile.loopir.traverse import loops
-from nanocompile.pack import pack_weights
+from nanocompile.codegen.tree import write_tree
+from nanocompile.compiler.build import cmake_build
+from nanocompile.compiler.driver import compile_model
+from nanocompile.compiler.graph_library import GraphLibrary
+from nanocompile.engine.compiled import CompiledSession
+from nanocompile.engine.pack import pack_weights
 from nanocompile.ir import SEQ
+from nanocompile.loopir.traverse import loops
 from nanocompile.schedule import Pack, Parallel, Reorder, Split, Unroll, UnrollJam, Vectorize, is_legal
-
-from helpers import (BOUNDED, ENVS, EXACT, LEVELS, THREADS, feeds, graph_kernels, make_graph, random_weights,
-                     require_lanes, require_level, tiny_config)
 
 pytestmark = pytest.mark.c
 
@@ -60,14 +59,14 @@ def test_every_schedule_choice_is_bitwise_at_every_thread_count(name):
 def test_model_bitwise_at_every_thread_count_and_when_it_changes():
     cfg = tiny_config(hidden=45, heads=3, kv_heads=1, head_dim=14, ffn=97, layers=3, vocab=211, tied=True)
     w = random_weights(cfg, seed=3)
-    base = CompiledSession(cfg, w, n_ctx=100, schedule=False)
+    base = CompiledSession.from_weights(cfg, w, n_ctx=100, schedule=False)
     ids = list(range(1, 80))  # two chunks
     want = [base.step(ids, all_logits=True)] + [base.step([t]) for t in (5, 6, 7, 8)]
     for threads in THREADS:
-        s = CompiledSession(cfg, w, n_ctx=100, threads=threads)
+        s = CompiledSession.from_weights(cfg, w, n_ctx=100, threads=threads)
         got = [s.step(ids, all_logits=True)] + [s.step([t]) for t in (5, 6, 7, 8)]
         assert all(np.array_equal(a, b) for a, b in zip(want, got)), threads
-    s = CompiledSession(cfg, w, n_ctx=100, threads=2)
+    s = CompiledSession.from_weights(cfg, w, n_ctx=100, threads=2)
     got = [s.step(ids, all_logits=True)]
     for threads, t in zip((3, 1, 8, 2), (5, 6, 7, 8)):
         s.set_threads(threads)
@@ -114,12 +113,12 @@ def test_vectorized_model_is_bitwise_at_every_thread_count(march):
     require_level(march)
     cfg = tiny_config(**VECTOR_CFG)
     w = random_weights(cfg, seed=5)
-    base = CompiledSession(cfg, w, n_ctx=120, schedule=False)
+    base = CompiledSession.from_weights(cfg, w, n_ctx=120, schedule=False)
     ids = iter(range(3, 170))
     chunks = [[next(ids) for _ in range(n)] for n in SEQS]
     want = [base.step(c, all_logits=True) for c in chunks]
     for threads in THREADS:
-        s = CompiledSession(cfg, w, n_ctx=120, threads=threads, march=march)
+        s = CompiledSession.from_weights(cfg, w, n_ctx=120, threads=threads, march=march)
         got = [s.step(c, all_logits=True) for c in chunks]
         for n, a, b in zip(SEQS, want, got):
             assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), (march, threads, n)

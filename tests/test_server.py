@@ -15,12 +15,11 @@ import httpx
 import openai
 import pytest
 import uvicorn
-
 from session_wrappers import FaultySession, SlowSession
 
 from nanocompile import Model
+from nanocompile.engine.interpreted import InterpreterSession
 from nanocompile.server import create_app
-from nanocompile.session import InterpreterSession
 
 NC = [sys.executable, "-m", "nanocompile"]
 KEY = "sk-test-key"
@@ -166,7 +165,7 @@ def serve_tiny(tiny_chat_model):
     servers = []
 
     def start(wrap=None, **options):
-        session = InterpreterSession(tiny_chat_model.config, tiny_chat_model.weights, n_ctx=256)
+        session = InterpreterSession.from_weights(tiny_chat_model.config, tiny_chat_model.weights, n_ctx=256)
         model = Model.from_session(tiny_chat_model, wrap(session) if wrap else session)
         servers.append(LiveServer(create_app(model, **options)))
         return servers[-1]
@@ -325,7 +324,7 @@ def test_concurrent_clients_are_all_answered_once_in_turn(serve_tiny, tiny_chat_
         t.join(60)
     assert all(r.status_code == 200 for r in results.values())
     assert len({r.json()["id"] for r in results.values()}) == len(prompts)
-    reference = Model.from_session(tiny_chat_model, InterpreterSession(tiny_chat_model.config,
+    reference = Model.from_session(tiny_chat_model, InterpreterSession.from_weights(tiny_chat_model.config,
                                                                        tiny_chat_model.weights, n_ctx=256))
     for p, r in results.items():
         reference.reset()

@@ -6,12 +6,11 @@ import warnings
 
 import numpy as np
 import pytest
+from bench.support.tiny import bf16_round, hf_config_dict, random_weights, tiny_config, write_gguf, write_hf_dir
 
+from nanocompile.engine.interpreted import InterpreterSession
 from nanocompile.errors import ModelError
 from nanocompile.models import load_model
-from nanocompile.session import InterpreterSession
-
-from helpers import bf16_round, hf_config_dict, random_weights, tiny_config, write_gguf, write_hf_dir
 
 
 def test_gguf_f32_loads_exactly(tmp_path, isolated_cache):
@@ -81,7 +80,7 @@ def test_hf_directory_against_transformers(tmp_path, rope_form, shards, bf16):
     ids = [1, 5, 9, 200, 33]
     with torch.no_grad():
         want = hf(torch.tensor([ids])).logits[0].numpy()
-    got = InterpreterSession(m.config, m.weights, n_ctx=32).step(ids, all_logits=True)
+    got = InterpreterSession.from_weights(m.config, m.weights, n_ctx=32).step(ids, all_logits=True)
     assert np.abs(got - want).max() <= 1e-4
 
 
@@ -94,9 +93,10 @@ def test_hf_config_forms_agree(tmp_path):
     assert a == b == cfg
 
 
+@pytest.mark.c
 def test_non_finite_weight_is_an_error_naming_the_tensor(tmp_path, isolated_cache):
+    from nanocompile.engine.compiled import CompiledSession
     from nanocompile.errors import ModelError
-    from nanocompile.library import CompiledSession
 
     cfg = tiny_config()
     w = random_weights(cfg)
@@ -107,7 +107,7 @@ def test_non_finite_weight_is_an_error_naming_the_tensor(tmp_path, isolated_cach
                                          r"the first at \[3, 4\]"):
         m.weights.materialize()
     with pytest.raises(ModelError, match="'blk.1.ffn_down.weight' has 1 NaN"):
-        CompiledSession(m.config, m.weights, n_ctx=8, weights_key=m.key)
+        CompiledSession.from_weights(m.config, m.weights, n_ctx=8, weights_key=m.key)
     assert not list((isolated_cache / "packed").iterdir()), "nothing packed, no temporary left"
     hf = write_hf_dir(tmp_path / "hf", cfg, w)
     with pytest.raises(ModelError, match=r"hf: tensor 'model.layers.1.mlp.down_proj.weight' \(in model.safetensors\) "
@@ -149,3 +149,33 @@ def test_finite_check_runs_once_per_content(tmp_path, isolated_cache, monkeypatc
     assert second.weights.known_finite
     second.weights.materialize()
     assert calls == [], "a later load converts without checking again"
+
+
+def test_a_gguf_header_is_read_from_the_cache_until_the_file_changes(tmp_path, monkeypatch):
+    """The parsed header (metadata, tensor table) is kept by the file's identity: the second read
+    parses nothing and gives the same header, arrays read from the file when used; a file changed
+    in any way is parsed again."""
+    from nanocompile.models import gguf_file
+
+    monkeypatch.setenv("NANOCOMPILE_CACHE", str(tmp_path / "cache"))
+    cfg = tiny_config()
+    path = write_gguf(tmp_path / "tiny.gguf", cfg, random_weights(cfg))
+    first = gguf_file.read_gguf(path)
+    parses = []
+    real = gguf_file._Parser.parse
+    monkeypatch.setattr(gguf_file._Parser, "parse", lambda self: parses.append(1) or real(self))
+    again = gguf_file.read_gguf(path)
+    assert parses == []
+    assert again.tensors == first.tensors and (again.data_start, again.alignment, again.version) == (
+        first.data_start, first.alignment, first.version)
+    assert list(again.metadata) == list(first.metadata)
+    for key, value in first.metadata.items():
+        assert again.metadata[key].type == value.type
+        assert list(again.metadata[key].value) == list(value.value) if value.type.startswith("ARRAY") else \
+            again.metadata[key].value == value.value, key
+    with open(path, "r+b") as f:  # the same bytes written again: the file changed
+        head = f.read(64)
+        f.seek(0)
+        f.write(head)
+    gguf_file.read_gguf(path)
+    assert parses == [1]

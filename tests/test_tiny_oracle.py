@@ -6,11 +6,10 @@ import warnings
 
 import numpy as np
 import pytest
+from bench.support.tiny import random_weights, tiny_config
+from bench.support.oracle import build_oracle, cache_layer, oracle_greedy, oracle_logits
 
-from nanocompile.session import InterpreterSession
-
-from helpers import random_weights, tiny_config
-from oracle import build_oracle, cache_layer, oracle_greedy, oracle_logits
+from nanocompile.engine.interpreted import InterpreterSession
 
 CONFIGS = {
     "gqa1-odd-untied": dict(hidden=36, heads=3, kv_heads=3, head_dim=12, ffn=53, layers=2, vocab=157, tied=False),
@@ -37,7 +36,7 @@ PROMPT = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26]
 def test_logits_within_1e4(tiny):
     cfg, w, oracle = tiny
     ids = [t % cfg.vocab_size for t in PROMPT]
-    s = InterpreterSession(cfg, w, n_ctx=64)
+    s = InterpreterSession.from_weights(cfg, w, n_ctx=64)
     got = s.step(ids, all_logits=True)
     want = oracle_logits(oracle, ids)
     assert np.abs(got - want).max() <= 1e-4
@@ -47,7 +46,7 @@ def test_greedy_tokens_and_cache_match(tiny):
     cfg, w, oracle = tiny
     ids = [t % cfg.vocab_size for t in PROMPT]
     want, cache = oracle_greedy(oracle, ids, 16)
-    s = InterpreterSession(cfg, w, n_ctx=64)
+    s = InterpreterSession.from_weights(cfg, w, n_ctx=64)
     logits = s.step(ids)
     got = []
     for _ in range(16):
@@ -63,12 +62,12 @@ def test_greedy_tokens_and_cache_match(tiny):
 def test_cached_decoding_equals_uncached(tiny):
     cfg, w, _ = tiny
     ids = [t % cfg.vocab_size for t in PROMPT]
-    cached = InterpreterSession(cfg, w, n_ctx=64)
+    cached = InterpreterSession.from_weights(cfg, w, n_ctx=64)
     logits = cached.step(ids)
     seq = list(ids)
     for _ in range(8):
         t = int(np.argmax(logits))
-        fresh = InterpreterSession(cfg, w, n_ctx=64).step(seq)  # everything recomputed
+        fresh = InterpreterSession.from_weights(cfg, w, n_ctx=64).step(seq)  # everything recomputed
         assert int(np.argmax(fresh)) == t
         np.testing.assert_allclose(fresh, logits, atol=1e-5)
         seq.append(t)

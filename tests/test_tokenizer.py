@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from nanocompile.generate_text import TextStream
-from nanocompile.tokenizer import Tokenizer
+from nanocompile.engine.stream import TextStream
+from nanocompile.models.tokenizer import Tokenizer
 
 CORPUS = [
     "Hello, world!",
@@ -109,3 +109,37 @@ def test_streaming_never_splits_a_character(real_model):
         stream.flush()
         assert "".join(pieces) == tok.decode(ids), text
         assert all("\ufffd" not in p for p in pieces), text
+
+
+def test_the_cached_tokenizer_is_the_one_built_from_the_file(real_model, monkeypatch):
+    """A GGUF file's tokenizer is kept in the cache under its content; the next load reads it back
+    without building it from the vocabulary (the builder is not even asked), and it is the same
+    tokenizer: the same ids and text on the corpus, the same end-of-text ids and chat template."""
+    from nanocompile.models import load_model
+    from nanocompile.models.gguf_model import GGUFModel
+
+    built = Tokenizer.from_gguf_data(GGUFModel(Path(real_model.source)).tokenizer_data())
+    monkeypatch.setattr(GGUFModel, "tokenizer_data", lambda self: pytest.fail("the tokenizer was built again"))
+    cached = load_model(real_model.source, progress=False).tokenizer
+    for text in CORPUS:
+        assert cached.encode(text) == built.encode(text) and cached.encode(text, special=False) == built.encode(
+            text, special=False)
+        assert cached.decode(built.encode(text)) == built.decode(built.encode(text))
+    assert (cached.eos_ids, cached.bos_id, cached.chat_template) == (built.eos_ids, built.bos_id, built.chat_template)
+    assert cached.vocab_size == built.vocab_size
+
+
+def test_a_damaged_cached_tokenizer_is_built_again(tmp_path, monkeypatch):
+    from bench.support.tiny import random_weights, tiny_config, write_gguf
+    from nanocompile.models import load_model
+
+    monkeypatch.setenv("NANOCOMPILE_CACHE", str(tmp_path / "cache"))
+    cfg = tiny_config()
+    path = write_gguf(tmp_path / "tiny.gguf", cfg, random_weights(cfg))
+    first = load_model(path, progress=False).tokenizer
+    (cached,) = [f for f in (tmp_path / "cache" / "tokenizers").iterdir() if not f.name.endswith(".meta.json")]
+    good = cached.read_text()
+    cached.write_text(good[:-10] + "damaged!!!")
+    again = load_model(path, progress=False).tokenizer  # the checksum fails: built from the file again
+    assert again.encode("hello there") == first.encode("hello there")
+    assert cached.read_text() == good  # and written anew

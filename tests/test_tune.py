@@ -11,9 +11,10 @@ import time
 
 import numpy as np
 import pytest
+from bench.support.tiny import random_weights, tiny_config, write_gguf
 
-from nanocompile.compiler import compile_model
-from nanocompile.library import CompiledSession
+from nanocompile.compiler.driver import compile_model
+from nanocompile.engine.compiled import CompiledSession
 from nanocompile.loopir.ir import Bin, FConst, IConst, Store
 from nanocompile.loopir.traverse import rewrite
 from nanocompile.schedule import directives as D
@@ -23,8 +24,6 @@ from nanocompile.tune import store
 from nanocompile.tune.harness import KernelHarness
 from nanocompile.tune.search import Result, Trial, replay, search, sign_test
 from nanocompile.tune.tuner import SHAPES, HarnessMeasure, cost, model_jobs
-
-from helpers import random_weights, tiny_config, write_gguf
 
 NC = [sys.executable, "-m", "nanocompile"]
 CFG = tiny_config(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=320, max_pos=2048)
@@ -176,7 +175,7 @@ def test_a_tuned_library_differs_in_code_not_in_one_bit(tmp_path, monkeypatch, p
     ids = [5, 17, 42, 7, 99, 3]
     rows = {}
     for tuned in (True, False):
-        s = CompiledSession(CFG, weights, n_ctx=64, threads=2, tuned=tuned, precision=precision)
+        s = CompiledSession.from_weights(CFG, weights, n_ctx=64, threads=2, tuned=tuned, precision=precision)
         assert s.module.tuned_kernels == ([name] if tuned else [])
         out = [s.step(ids, all_logits=True)] + [s.step([int(np.argmax(s.step([9])))])]
         rows[tuned] = np.concatenate([o.ravel() for o in out])
@@ -247,12 +246,15 @@ def test_tune_command_records_replayable_searches(tiny):
     assert "int8 projection" in r.stdout and all(len(both[j.name]["searches"]) == 2 for j in int8_jobs)
 
 
-def test_tune_refuses_an_unknown_precision_in_one_line(tiny, tmp_path):
+def test_tune_refuses_an_unknown_precision_before_anything_loads(tiny, tmp_path):
+    """As every command does: argparse names the flag, the value and the choices (exit status 2)."""
     path, env, _ = tiny
     env = {**env, "NANOCOMPILE_CACHE": str(tmp_path)}
     r = subprocess.run([*NC, "tune", "-q", "-m", path, "--precision", "int4", "--budget", "5"], capture_output=True,
                        text=True, env=env, timeout=120)
-    assert r.returncode == 1 and r.stderr.strip() == "nanocompile: error: --precision int4: choose from auto, f32, int8, native"
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == ("nanocompile tune: error: argument --precision: invalid choice: 'int4' "
+                                                 "(choose from 'auto', 'f32', 'int8', 'native')")
     assert not (tmp_path / "tuned").exists()  # nothing measured, nothing written
 
 

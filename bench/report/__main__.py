@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from bench.common import RESULTS
+from bench.support.measure import RESULTS
 from bench.report.engines import ENGINES, FLOAT32, ORACLE
 from bench.report.jobs import ROOT, Run, job, open_run
 from bench.report.plan import FULL, QUICK, sequences, speed_jobs
@@ -25,7 +25,7 @@ def probe(run: Run, key: str, threads: int) -> None:
     """The machine, measured between the engines (its bandwidth drifts with other tenants)."""
     if run.done(key):
         return
-    from bench import probe as probe_c
+    from bench.probes import machine as probe_c
 
     run.say(f"{key} ...")
     run.put(key, probe_c.measure(threads))
@@ -142,7 +142,7 @@ def main() -> None:
     summary = document.write(run, plan, doc, args.note)
     measured = sum(run.done(k) for k in run.records if k not in ("appended", "finished"))
     if not args.report_only and run.result("appended") != measured:  # once per run, again if it measured more
-        from bench.common import append
+        from bench.support.measure import append
 
         append({"bench": "report", "run": run.id, "plan": dataclasses.asdict(plan), **summary},
                args.results or (run.dir / "results.jsonl" if plan.quick else RESULTS))

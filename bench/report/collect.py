@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from bench.common import summary, vector_peak
+from bench.support.measure import summary, vector_peak
 from bench.report import roofline
 from bench.report.engines import BY_ID, ENGINES, label
 from bench.report.plan import Plan, test_names

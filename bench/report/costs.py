@@ -48,21 +48,18 @@ class Stopwatch:
 def nanocompile_cold(spec: dict) -> dict:
     cache, scratch = Path(os.environ["NANOCOMPILE_CACHE"]), Path(spec["scratch"])
     link_models(Path(spec["models_from"]), cache)
-    from nanocompile.build import cmake_build, find_or_build
-    from nanocompile.choices import GRAPH_OF
     from nanocompile.codegen.render import render_tree
-    from nanocompile.compiler import compile_model
-    from nanocompile.generate import write_tree
-    from nanocompile.library import open_packed
+    from nanocompile.codegen.tree import write_tree
+    from nanocompile.compiler.build import cmake_build, find_or_build
+    from nanocompile.engine.open import open_model
+    from nanocompile.engine.pack import open_packed
     from nanocompile.models import load_model
-    from nanocompile.quantize import native_forms
 
     clock = Stopwatch()
     model = load_model(spec["files"]["source"], progress=False)
     clock.lap("load")
-    precision = BY_ID[spec["engine"]].weights
-    # native runs int8's library, its 5-bit blocks kept in 5 bits
-    module = compile_model(model.config, GRAPH_OF[precision], **native_forms(model.weights, precision))
+    opened = open_model(model, BY_ID[spec["engine"]].weights)  # native: its 4-6-bit and K-format blocks kept so
+    module = opened.compile()
     clock.lap("pipeline")
     lib, manifest = find_or_build(module)
     shipped = cache not in Path(lib).parents
@@ -75,7 +72,8 @@ def nanocompile_cold(spec: dict) -> dict:
     else:
         build_bytes = tree_bytes(Path(lib).parent)
     clock.lap("C build")
-    packed, _, _ = open_packed(module, model.weights, model.key, precision=precision)
+    packed, _, _ = open_packed(module.layout_hash, module.weights_bytes, opened.graph, opened.weights, model.key,
+                               lambda: module)
     clock.lap("pack weights")
     return {"stages": clock.stages, "seconds": sum(v for k, v in clock.stages.items() if k != "find shipped library"),
             "library_shipped": shipped, "disk": {"packed weights": packed.stat().st_size,
@@ -84,8 +82,8 @@ def nanocompile_cold(spec: dict) -> dict:
 
 
 def nanocompile_cached(spec: dict) -> dict:
+    from nanocompile.engine.open import open_session
     from nanocompile.models import load_model
-    from nanocompile.session import open_session
 
     clock = Stopwatch()
     model = load_model(spec["files"]["source"], progress=False)
@@ -103,7 +101,7 @@ def peer_start(spec: dict, cold: bool) -> dict:
     engine, files = BY_ID[spec["engine"]], dict(spec["files"])
     clock, disk = Stopwatch(), {}
     if cold and engine.family == "llama.cpp" and engine.weights in ("f32", "q8_0"):
-        from nanocompile.peer import requantized
+        from bench.support.peer import requantized
 
         files[engine.weights] = str(requantized(Path(files["file"]), engine.weights, Path(spec["scratch"])))
         clock.lap("write GGUF")
@@ -111,7 +109,7 @@ def peer_start(spec: dict, cold: bool) -> dict:
         disk["GGUF"] = Path(files[engine.weights]).stat().st_size
     runner = open_runner(engine, files, spec["n_ctx"], spec["threads"])
     clock.lap("open")
-    runner.feed([0])
+    runner.step([0])
     clock.lap("first token")
     return {"stages": clock.stages, "seconds": sum(v for k, v in clock.stages.items() if k != "first token"),
             "disk": disk}

@@ -38,7 +38,7 @@ _NEEDS = {"llama.cpp": ("llama_cpp", "llama-cpp-python (pip install '.[bench]')"
 
 
 def nanocompile_precisions() -> tuple[str, ...]:
-    from nanocompile.choices import PRECISIONS
+    from nanocompile.engine.precision import PRECISIONS
 
     return tuple(PRECISIONS)
 

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import THREAD_VARS
+from bench.support.measure import THREAD_VARS
 
 ROOT = Path(__file__).resolve().parents[2]  # the directory holding bench/: `-m bench.report.x` runs from it
 TIMEOUT_S = 3600

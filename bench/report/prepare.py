@@ -5,13 +5,11 @@ which engines can run here and why not, and the facts the rooflines need."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections import Counter
 from pathlib import Path
 
 from bench.report.child import run_worker
 from bench.report.engines import ENGINES, missing
-from bench.report.runners import TESTS_DIR
 
 QUICK_SEED = 15
 
@@ -21,11 +19,10 @@ def tiny_model(directory: Path) -> Path:
     path = directory / "tiny.gguf"
     if path.exists():
         return path
-    sys.path.insert(0, str(TESTS_DIR))
     try:
-        from helpers import random_weights, tiny_config, write_gguf
+        from bench.support.tiny import random_weights, tiny_config, write_gguf
     except ImportError as e:
-        raise SystemExit(f"--quick writes its model with tests/helpers.py, which needs {e.name}: "
+        raise SystemExit(f"--quick writes its model with bench/support/tiny.py, which needs {e.name}: "
                          f"pip install '.[test]'") from None
     cfg = tiny_config(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, layers=2, vocab=320, max_pos=1024)
     tmp = path.with_suffix(".tmp")
@@ -55,12 +52,12 @@ def weight_bytes_per_token(gguf) -> int:
 
 
 def work(spec: dict) -> dict:
-    from bench.accuracy import corpus_tokens
-    from bench.common import machine
-    from nanocompile.target import detect_march
+    from bench.report.kl import corpus_tokens
+    from bench.support.measure import machine
     from nanocompile.cache.location import cache_root
     from nanocompile.models import load_model
     from nanocompile.models.gguf_file import read_gguf
+    from nanocompile.target import detect_march
 
     run_dir = Path(spec["run_dir"])
     source = str(tiny_model(run_dir)) if spec["quick"] else "default"
@@ -68,7 +65,7 @@ def work(spec: dict) -> dict:
     files = {"source": source, "file": str(model.source)}
     reasons = {e.id: missing(e) for e in ENGINES}
     if reasons["llama-f32"] is None:
-        from nanocompile.peer import requantized
+        from bench.support.peer import requantized
 
         directory = run_dir / "requantized" if spec["quick"] else cache_root().path / "requantized"
         for weights in ("f32", "q8_0"):

@@ -15,7 +15,7 @@ the int8 dot product (2 FLOPs per multiply-accumulate).
 """
 from __future__ import annotations
 
-from bench.common import vector_peak
+from bench.support.measure import vector_peak
 from bench.report.engines import Engine
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.accuracy import Scores, log_softmax
+from bench.report.kl import Scores, log_softmax
 from bench.report.child import run_worker
 from bench.report.engines import BY_ID, FLOAT32, ORACLE
 

@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from bench.common import sign_test, summary
-
-
-def two_sided_sign_test(wins: int, n: int) -> float:
-    """P of a split at least this uneven if each round were a coin toss (ties dropped before)."""
-    if n == 0:
-        return 1.0
-    return min(1.0, 2 * min(sign_test(wins, n), sign_test(n - wins, n)))
+from bench.support.measure import summary, two_sided_sign_test
 
 
 def ratio_summary(ratios: list[float]) -> dict:

@@ -1,10 +1,11 @@
 """Everything in the cache, each entry checked in full and judged current, stale or orphaned:
 what `nanocompile cache verify` prints and `nanocompile cache clean` removes.
 
-Stale: made by another version of the packer or code generator, or from a model file that is
-gone or changed; old format: the float32 copies (weights/) and unchecked files of nanocompile
-before this cache. Orphaned: a library tree without an installed library (a killed build), a
-check result no index entry leads to, a temporary file whose writer died.
+Stale: made by another version of the packer, code generator or tokenizer builder, or from a
+model file that is gone or changed; a warm-start record whose library is gone; old format: the
+float32 copies (weights/) and unchecked files of nanocompile before this cache. Orphaned: a library
+tree without an installed library (a killed build), a check result or tokenizer no index entry
+leads to, a temporary file whose writer died.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ class Current:
     packer: int
     default_model: str  # file name
     default_sha256: str
+    tokenizer_builder: str  # models.tokenizer.builder_digest()
+    warm_version: int       # engine.warm.RECORD_VERSION
 
 
 @dataclass
@@ -60,10 +63,17 @@ def survey(root: Path, current: Current) -> list[Entry]:
     entries += _models(root / "models", current)
     packed = _packed(root / "packed", current)
     entries += packed
-    entries += _libs(root / "libs", current)
+    libs = _libs(root / "libs", current)
+    entries += libs
     live_sources = {(read_record(sidecar_path(e.path)) or {}).get("made_from", {}).get("source")
                     for e in packed if e.state == "ok"}
-    entries += _records(root, live_sources)
+    records = _records(root, live_sources)
+    entries += records
+    live = live_sources | {(read_record(e.path) or {}).get("xxh3_128") for e in records
+                           if e.kind == "index" and e.state == "ok"}
+    entries += _tokenizers(root / "tokenizers", live, current)
+    entries += _warm(root / "warm", current, {e.path for e in libs if e.state != "ok"})
+    entries += _headers(root / "headers")
     if (root / "weights").is_dir():
         for d in sorted((root / "weights").iterdir()):
             entries.append(Entry("float32 copy", d, _bytes(d), stale="old format: dequantized float32 weights, "
@@ -99,7 +109,7 @@ def _orphan_sidecars(d: Path) -> list[Entry]:
 def _models(d: Path, current: Current) -> list[Entry]:
     out = _orphan_sidecars(d)
     for p in _files(d):
-        e = Entry("default model", p, _with_sidecar(p), problem=check_entry(p, None))
+        e = Entry("default model", p, _with_sidecar(p), problem=check_entry(p, None, full=True))
         meta = read_record(sidecar_path(p)) or {}
         if p.name != current.default_model or meta.get("made_from", {}).get("sha256") != current.default_sha256:
             e.stale = "not this version's default model"
@@ -110,7 +120,7 @@ def _models(d: Path, current: Current) -> list[Entry]:
 def _packed(d: Path, current: Current) -> list[Entry]:
     out = _orphan_sidecars(d)
     for p in _files(d):
-        e = Entry("packed weights", p, _with_sidecar(p), problem=check_entry(p, None))
+        e = Entry("packed weights", p, _with_sidecar(p), problem=check_entry(p, None, full=True))
         meta = read_record(sidecar_path(p)) or {}
         made = meta.get("made_from", {})
         source = Path(meta.get("source_path", ""))
@@ -136,7 +146,7 @@ def _libs(d: Path, current: Current) -> list[Entry]:
             out.append(Entry("library", tree, _bytes(tree), stale="no installed library (an interrupted build, or "
                                                                    "an older nanocompile's)"))
             continue
-        e = Entry("library", tree, _bytes(tree), problem=check_entry(lib, None))
+        e = Entry("library", tree, _bytes(tree), problem=check_entry(lib, None, full=True))
         meta = read_record(sidecar_path(lib)) or {}
         if not e.problem and meta.get("generator") != current.generator:
             e.stale = f"made by another version ({meta.get('generator')})"
@@ -169,6 +179,55 @@ def _records(root: Path, live_sources: set) -> list[Entry]:
         e = Entry("check", p, _bytes(p), problem=None if record is not None else "is damaged")
         if record is not None and p.stem not in live_hashes:
             e.stale = "no model file in the index, and no packed weights, has this content"
+        out.append(e)
+    return out
+
+
+def _tokenizers(d: Path, live: set, current: Current) -> list[Entry]:
+    """A GGUF file's tokenizer, kept while a model file of its content is known."""
+    out = _orphan_sidecars(d)
+    for p in _files(d):
+        e = Entry("tokenizer", p, _with_sidecar(p), problem=check_entry(p, None, full=True))
+        made = (read_record(sidecar_path(p)) or {}).get("made_from", {})
+        if not e.problem and made.get("builder") != current.tokenizer_builder:
+            e.stale = "built by another version of the tokenizer builder"
+        elif not e.problem and made.get("source") not in live:
+            e.stale = "no model file in the index has this content"
+        out.append(e)
+    return out
+
+
+def _warm(d: Path, current: Current, going: set[Path]) -> list[Entry]:
+    """Warm-start records (engine/warm.py): kept while the library they name is there and is
+    not itself damaged or stale (going: the library trees this survey finds so)."""
+    out = []
+    for p in _files(d):
+        record = read_record(p)
+        e = Entry("warm start", p, _bytes(p), problem=None if record else "is damaged")
+        library = Path((record or {}).get("library", ""))
+        if record and record.get("version") != current.warm_version:
+            e.stale = "an older nanocompile's record"
+        elif record and (not library.is_file() or library.parent in going):
+            e.stale = f"its library {library} is gone, damaged or stale"
+        out.append(e)
+    return out
+
+
+def _headers(d: Path) -> list[Entry]:
+    """Parsed GGUF headers (models/gguf_file.py): kept while their file is there, unchanged."""
+    from .files import identity
+
+    out = []
+    for p in _files(d):
+        record = read_record(p)
+        e = Entry("gguf header", p, _bytes(p), problem=None if record else "is damaged")
+        if record:
+            try:
+                changed = identity(Path(record.get("path", "")).stat()) != record.get("identity")
+            except OSError:
+                changed = True
+            if changed:
+                e.stale = f"{record.get('path')} is gone or changed"
         out.append(e)
     return out
 

@@ -14,7 +14,7 @@ import sys
 import time
 
 from ..errors import NanocompileError
-from .common import add_model_flags, check_precision, int_list, set_blas_threads, warn_if_oversubscribed
+from .common import add_model_flags, int_list, set_blas_threads, warn_if_oversubscribed
 
 
 def _pp(session, tokens) -> float:
@@ -46,11 +46,9 @@ def cmd_bench(args) -> int:
     set_blas_threads(args.threads[0])
     import numpy as np
 
-    from ..checks import resolve_precision
+    from ..engine.open import open_model, open_session
     from ..models import load_model
-    from ..session import open_session
 
-    check_precision(args.precision)
     tests = [("pp", p) for p in args.n_prompt if p > 0] + [("tg", n) for n in args.n_gen if n > 0]
     if not tests:
         raise NanocompileError("nothing to measure: every -p and -n is 0")
@@ -62,7 +60,8 @@ def cmd_bench(args) -> int:
     if args.repetitions < 1:
         raise NanocompileError(f"-r must be at least 1, got {args.repetitions}")
     model = load_model(args.model, progress=not args.quiet)
-    args.precision = resolve_precision(args.precision, model.weights)
+    opened = open_model(model, args.precision)
+    precision = opened.precision
     cfg = model.config
     n_ctx = max([p for k, p in tests if k == "pp"] + [n + 1 for k, n in tests if k == "tg"])
     if n_ctx > cfg.max_position_embeddings:
@@ -72,20 +71,19 @@ def cmd_bench(args) -> int:
     rng = np.random.default_rng(0)
     rows = []
     for threads in args.threads:
-        session = open_session(model, args.backend, n_ctx=n_ctx, threads=threads, progress=not args.quiet,
-                               precision=args.precision)
+        session = open_session(opened, args.backend, n_ctx=n_ctx, threads=threads, progress=not args.quiet)
         for kind, size in tests:
             tokens = [int(t) for t in rng.integers(0, cfg.vocab_size, size)]
             run = (lambda: _pp(session, tokens)) if kind == "pp" else (lambda: _tg(session, tokens[0], size))
             run()  # warm-up
             samples = [run() for _ in range(args.repetitions)]
-            rows.append({"model": f"qwen2 {_params(n_params)} {args.precision.upper()}",
-                         "size": _size(weights_bytes(cfg, args.precision)),
-                         "params": _params(n_params), "precision": args.precision,
+            rows.append({"model": f"qwen2 {_params(n_params)} {precision.upper()}",
+                         "size": _size(session.weights_bytes),
+                         "params": _params(n_params), "precision": precision,
                          "backend": session.backend_name, "threads": threads,
                          "test": f"{kind}{size}", "n_prompt": size if kind == "pp" else 0,
                          "n_gen": size if kind == "tg" else 0, "model_n_params": n_params,
-                         "model_size": weights_bytes(cfg, args.precision), "avg_ts": statistics.mean(samples),
+                         "model_size": session.weights_bytes, "avg_ts": statistics.mean(samples),
                          "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0, "samples_ts": samples})
             if args.output == "md" and not args.quiet:
                 print(f"  {kind}{size} at {threads} threads: {statistics.mean(samples):.2f} t/s", file=sys.stderr)
@@ -95,18 +93,6 @@ def cmd_bench(args) -> int:
 
 
 COLUMNS = ("model", "size", "params", "precision", "backend", "threads", "test")
-
-
-def weights_bytes(cfg, precision: str) -> int:
-    """The bytes of the weights in a precision's form (int8 and native: 1 byte per value and a
-    float16 scale per 32), as the packed weights file holds them."""
-    import numpy as np
-
-    from ..choices import GRAPH_OF
-    from ..frontend.qwen2 import weight_specs
-
-    sizes = {"f32": 4, "i8": 1, "f16": 2}
-    return sum(int(np.prod(shape)) * sizes[dtype] for shape, dtype in weight_specs(cfg, GRAPH_OF[precision]).values())
 
 
 def render(rows: list[dict], fmt: str) -> str:

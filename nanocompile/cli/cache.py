@@ -13,11 +13,13 @@ def _size(n: int) -> str:
 
 def _current():
     from ..cache.inventory import Current
-    from ..version import GENERATOR
+    from ..engine.pack import PACKER
+    from ..engine.warm import RECORD_VERSION
     from ..models import default_model
-    from ..pack import PACKER
+    from ..models.tokenizer import builder_digest
+    from ..version import GENERATOR
 
-    return Current(GENERATOR, PACKER, default_model.NAME, default_model.SHA256)
+    return Current(GENERATOR, PACKER, default_model.NAME, default_model.SHA256, builder_digest(), RECORD_VERSION)
 
 
 def _relative(path, root) -> str:

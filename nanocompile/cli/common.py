@@ -5,8 +5,7 @@ import argparse
 import os
 import sys
 
-from ..errors import NanocompileError
-from ..choices import AUTO, PRECISION_CHOICES
+from ..engine.precision import AUTO, PRECISION_CHOICES
 
 
 def positive_threads(value: str) -> int:
@@ -81,17 +80,12 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
 
 def sampling_from(args) -> dict:
     """The sampling flags as the API's keyword arguments, checked before the model loads."""
-    from ..sampling import SamplingParams
+    from ..engine.sampling import SamplingParams
 
     params = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, args.repeat_last_n,
                             args.seed).check(flag_names=True)
     return dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
                 repeat_penalty=params.repeat_penalty, repeat_last_n=params.repeat_last_n)
-
-
-def check_precision(precision: str) -> None:
-    if precision not in PRECISION_CHOICES:
-        raise NanocompileError(f"--precision {precision}: choose from {', '.join(PRECISION_CHOICES)}")
 
 
 def open_model(args, n_ctx: int | None):

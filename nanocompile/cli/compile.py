@@ -6,8 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..choices import AUTO, GRAPH_OF, PRECISION_CHOICES, STAGE_NAMES
-from .common import check_precision
+from ..compiler import STAGE_NAMES
+from ..engine.precision import AUTO, PRECISION_CHOICES
 
 
 def _size(n: int) -> str:
@@ -19,14 +19,12 @@ def _size(n: int) -> str:
 
 
 def cmd_compile(args) -> int:
-    from ..build import find_or_build
-    from ..compiler import compile_model
-    from ..library import open_packed, tuned_schedules, tuned_store
+    from ..compiler.build import find_or_build
+    from ..engine import warm
+    from ..engine.open import open_model, tuned_store
+    from ..engine.pack import open_packed
     from ..models import load_model
-    from ..checks import resolve_precision
-    from ..quantize import native_forms
 
-    check_precision(args.precision)
 
     def stage(name):
         print(f"[{time.perf_counter() - start:6.1f} s] {name}", file=sys.stderr, flush=True)
@@ -34,23 +32,20 @@ def cmd_compile(args) -> int:
     start = time.perf_counter()
     stage(f"loading {args.model}")
     model = load_model(args.model, progress=not args.quiet)
-    args.precision = resolve_precision(args.precision, model.weights)
-    stage(f"precision {args.precision}")
-    tuned = () if args.no_tuned else tuned_schedules(args.march)
-    forms = native_forms(model.weights, args.precision)  # native: 4-6 bit and K-format blocks stay so
+    opened = open_model(model, args.precision, args.march, tuned=not args.no_tuned)
+    stage(f"precision {opened.precision}")
     if args.dump_after:
         stage(f"compiling, printing the IR after stage {args.dump_after}")
-        compile_model(model.config, precision=GRAPH_OF[args.precision], march=args.march, dump_after=args.dump_after,
-                      tuned=tuned, **forms)
+        opened.compile(dump_after=args.dump_after)
         return 0
     stage("compiling: graph, passes, loop IR, schedules")
-    module = compile_model(model.config, precision=GRAPH_OF[args.precision], march=args.march, tuned=tuned,
-                           **forms)
+    module = opened.compile()
     stage(f"building the library ({module.march}, {len(module.kernels)} kernels) with CMake, or finding it built")
     lib, manifest = find_or_build(module)
+    warm.remember(warm.warm_key(opened), warm.Built.of(module, lib, manifest))  # a run finds it without compiling
     stage("packed weights: checking the cache, or packing them from the model file")
-    packed, _, made = open_packed(module, model.weights, model.key, progress=not args.quiet,
-                                  precision=args.precision)
+    packed, _, made = open_packed(module.layout_hash, module.weights_bytes, opened.graph, opened.weights,
+                                  model.key, lambda: module, progress=not args.quiet)
     stage("packing weights: done" if made else "packed weights: already in the cache")
     stage("done")
     print(f"model     {model.source}")

@@ -24,7 +24,7 @@ def cmd_graph(args) -> int:
     if args.print:
         sys.stdout.write(format_graph(graph))
         return 0
-    from ..graph_stats import node_counts
+    from ..ir.stats import node_counts
     counts = node_counts(graph, cfg.num_hidden_layers)
     print(f"nodes, whole model ({cfg.num_hidden_layers} layers): {counts['total']}")
     print(f"nodes per transformer block: {counts['per_block']}")

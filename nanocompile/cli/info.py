@@ -45,10 +45,10 @@ def _tuned_lines(path: Path) -> str:
 
 
 def cmd_info(args) -> int:
-    from .. import __version__
-    from ..build import library_file, packaged_manifests
     from ..cache.location import cache_dir
+    from ..compiler.build import library_file, packaged_manifests
     from ..target import detect_march, vector_lanes
+    from ..version import __version__
 
     march, isa = detect_march()
     lanes = vector_lanes(march)
@@ -57,7 +57,8 @@ def cmd_info(args) -> int:
           f"{lanes} float32 lanes" + (" (AVX-512)" if lanes == 16 else " (AVX2)" if lanes == 8 else ""))
     root = cache_dir()
     print(f"cache     {root} ({_size(_tree_bytes(root))})")
-    for sub in ("models", "packed", "libs", "index", "checked", "weights", "requantized"):
+    for sub in ("models", "packed", "libs", "warm", "tokenizers", "headers", "index", "checked", "weights",
+                "requantized"):
         if (root / sub).exists():
             print(f"  {sub + '/':13} {_size(_tree_bytes(root / sub))}")
     print("libraries")

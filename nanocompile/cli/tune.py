@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from ..choices import GRAPH_OF
-from .common import check_precision, positive_threads
+from ..engine.precision import PRECISION_CHOICES
+from .common import positive_threads
 
 
 def _summary(data: dict) -> list[str]:
@@ -23,18 +23,18 @@ def _summary(data: dict) -> list[str]:
 def cmd_tune(args) -> int:
     from tqdm import tqdm
 
-    from ..checks import resolve_precision
+    from ..engine.open import open_model
     from ..models import load_model
     from ..tune.store import load, store_path
     from ..tune.tuner import model_jobs, tune
 
-    check_precision(args.precision)
     if args.budget <= 0:
         print(f"nanocompile: error: --budget {args.budget}: give a positive number of seconds", file=sys.stderr)
         return 1
     model = load_model(args.model, progress=not args.quiet)
-    precision = resolve_precision(args.precision, model.weights)
-    jobs, march = model_jobs(model.config, args.march, GRAPH_OF[precision])  # native tunes int8's kernels
+    opened = open_model(model, args.precision, args.march)
+    o = opened.options  # native: its K-format matrices' superblock kernels among them
+    jobs, march = model_jobs(opened.config, o.march, opened.graph, o.superblocks, o.narrow, opened.precision)
     print(f"tuning {len(jobs)} kernels on this CPU ({march}, {args.threads} threads) for at most "
           f"{args.budget:.0f} s", file=sys.stderr)
     bar = None if args.quiet else tqdm(total=2 * len(jobs), desc="kernels searched (2 searches)", unit="kernel",
@@ -59,7 +59,8 @@ def cmd_tune(args) -> int:
 def add_parser(sub) -> None:
     p = sub.add_parser("tune", help="search the kernels' schedules on this CPU and keep the fastest")
     p.add_argument("-m", "--model", default="default", help="'default', a GGUF file or a Hugging Face directory")
-    p.add_argument("--precision", default="f32", help="f32, int8 or native (int8's kernels)")
+    p.add_argument("--precision", default="f32", choices=list(PRECISION_CHOICES), help="auto, f32, int8 or native (native: the kernels native runs, "
+                                                     "superblock kernels included)")
     p.add_argument("--budget", type=float, default=600, help="seconds the search may take in all (default 600)")
     p.add_argument("-t", "--threads", type=positive_threads, default=2, help="threads the kernels run on (default 2)")
     p.add_argument("--march", help="x86-64 level to tune for (default: this CPU's)")

@@ -7,10 +7,10 @@ import numpy as np
 
 from ..ir.expr import Expr
 from ..loopir.affine import build, linear
-from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, ByteSum, Cast, Dot, FConst, Fma, IConst, Lane, LaneMax, Load, NarrowByte,
-                         Loop, Poly, Prefetch, Select, Store, Un, Var, dtype_of)
-from ..loopir.traverse import statements as all_statements
+from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, ByteSum, Cast, Dot, FConst, Fma, IConst, Lane, LaneMax, Load,
+                         Loop, NarrowByte, Poly, Prefetch, Select, Store, Un, Var, dtype_of)
 from ..loopir.traverse import fold, walk
+from ..loopir.traverse import statements as all_statements
 
 C_TYPES = {"f32": "float", "i32": "int32_t", "bool": "uint8_t", "i64": "int64_t", "i8": "int8_t", "u8": "uint8_t",
            "f16": "_Float16"}

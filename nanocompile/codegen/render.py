@@ -10,13 +10,14 @@ import json
 
 import jinja2
 
-from ..compiler import Module
+from ..ir.signature import identifier
 from ..loopir.ir import Poly, format_kernel
 from ..loopir.traverse import loops, walk
-from ..signature import identifier
 from ..target import compiler_flags
 from .cexpr import C_TYPES, float_literal, statements
 from .data import data_root
+from .module import Module
+
 
 def environment() -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(data_root() / "templates")),

@@ -15,12 +15,13 @@ import numpy as np
 from ..ir.expr import Expr
 from ..ir.graph import Graph, GraphBuilder
 from ..ir.ops import QBLOCK
-from ..signature import VARIANTS, Signature, State, StepInput, StepOutput, StepProgram, WeightSpec, identifier
+from ..ir.signature import VARIANTS, Signature, State, StepInput, StepOutput, StepProgram, WeightSpec, identifier
 from . import nn
-from ..choices import GRAPH_PRECISIONS as PRECISIONS
 from .config import Qwen2Config, weight_shapes
 
 LOGITS = VARIANTS
+# the graphs this frontend writes: float32 throughout, or int8's blocks for the projections
+PRECISIONS = ("f32", "int8")
 
 
 def quantized_weights(cfg: Qwen2Config) -> set[str]:

@@ -22,6 +22,8 @@ class Expr:
     def of(value: "ExprLike") -> "Expr":
         if isinstance(value, Expr):
             return value
+        if type(value) is int:  # the common case, without the numbers ABC's slower check
+            return Expr({(): value})
         # numpy integers are fine; bools and floats are not dimensions
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise TypeError(f"a dimension must be an int or an Expr, got {value!r}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .expr import Expr, shape_of, shape_str
-from .ops import DTYPES, IRError, PRIMITIVES, infer
+from .ops import DTYPES, PRIMITIVES, IRError, infer
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,6 +56,7 @@ class GraphBuilder:
     def __init__(self, name: str):
         self.graph = Graph(name)
         self._scope: list[str] = []
+        self._sources: set[tuple[str, str]] = set()  # (input or weight, name) defined so far
 
     # scopes name where a node came from ("layers.0.attn")
     def scope(self, name: str):
@@ -96,14 +97,17 @@ class GraphBuilder:
 
     # sources
     def input(self, name: str, shape, dtype: str = "f32") -> int:
-        if name in self.graph.inputs():
-            raise IRError(f"input {name!r} defined twice")
+        self._define("input", name)
         return self._add("input", (), name=name, shape=shape_of(shape), dtype=dtype)
 
     def weight(self, name: str, shape, dtype: str = "f32") -> int:
-        if name in self.graph.weights():
-            raise IRError(f"weight {name!r} defined twice")
+        self._define("weight", name)
         return self._add("weight", (), name=name, shape=shape_of(shape), dtype=dtype)
+
+    def _define(self, kind: str, name: str) -> None:
+        if (kind, name) in self._sources:
+            raise IRError(f"{kind} {name!r} defined twice")
+        self._sources.add((kind, name))
 
     def const(self, value, dtype: str = "f32") -> int:
         np_dtype = {"f32": np.float32, "i32": np.int32, "bool": np.bool_, "i8": np.int8, "f16": np.float16}[dtype]

@@ -22,20 +22,21 @@ class IRError(ValueError):
 Operand = tuple  # (shape: tuple[Expr, ...], dtype: str)
 
 
-def _expect(cond: bool, message: str) -> None:
+def _expect(cond: bool, message) -> None:
+    """message: the text, or a function making it (the check runs on every node; the text only on failure)."""
     if not cond:
-        raise IRError(message)
+        raise IRError(message() if callable(message) else message)
 
 
 def _same(op: str, a: Operand, b: Operand) -> None:
-    _expect(a[0] == b[0], f"{op}: operand shapes differ, {shape_str(a[0])} and {shape_str(b[0])}")
-    _expect(a[1] == b[1], f"{op}: operand dtypes differ, {a[1]} and {b[1]}")
+    _expect(a[0] == b[0], lambda: f"{op}: operand shapes differ, {shape_str(a[0])} and {shape_str(b[0])}")
+    _expect(a[1] == b[1], lambda: f"{op}: operand dtypes differ, {a[1]} and {b[1]}")
 
 
 # sources ---------------------------------------------------------------------------------
 
 def infer_input(args, attrs):
-    _expect(attrs["dtype"] in DTYPES, f"input: unknown dtype {attrs['dtype']!r}")
+    _expect(attrs["dtype"] in DTYPES, lambda: f"input: unknown dtype {attrs['dtype']!r}")
     return tuple(attrs["shape"]), attrs["dtype"]
 
 
@@ -45,7 +46,7 @@ infer_weight = infer_input
 def infer_const(args, attrs):
     value = attrs["value"]
     dtype = {"float32": "f32", "int32": "i32", "bool": "bool", "int8": "i8", "float16": "f16"}.get(str(value.dtype))
-    _expect(dtype is not None, f"const: unsupported numpy dtype {value.dtype}")
+    _expect(dtype is not None, lambda: f"const: unsupported numpy dtype {value.dtype}")
     return tuple(Expr.of(d) for d in value.shape), dtype
 
 
@@ -64,30 +65,31 @@ def infer_reshape(args, attrs):
     (shape, dtype), = args
     new = tuple(attrs["shape"])
     _expect(product(shape) == product(new),
-            f"reshape: {shape_str(shape)} has {product(shape)} elements, {shape_str(new)} has {product(new)}")
+            lambda: f"reshape: {shape_str(shape)} has {product(shape)} elements, {shape_str(new)} has {product(new)}")
     return new, dtype
 
 
 def infer_broadcast(args, attrs):
     (shape, dtype), = args
     new = tuple(attrs["shape"])
-    _expect(len(new) == len(shape), f"broadcast: rank {len(shape)} to rank {len(new)}; reshape first")
+    _expect(len(new) == len(shape), lambda: f"broadcast: rank {len(shape)} to rank {len(new)}; reshape first")
     for i, (a, b) in enumerate(zip(shape, new)):
-        _expect(a == b or a == 1, f"broadcast: axis {i} has size {a}, cannot become {b}")
+        _expect(a == b or a == 1, lambda: f"broadcast: axis {i} has size {a}, cannot become {b}")
     return new, dtype
 
 
 def infer_permute(args, attrs):
     (shape, dtype), = args
     perm = tuple(attrs["perm"])
-    _expect(sorted(perm) == list(range(len(shape))), f"permute: {perm} is not a permutation of {len(shape)} axes")
+    _expect(sorted(perm) == list(range(len(shape))),
+            lambda: f"permute: {perm} is not a permutation of {len(shape)} axes")
     return tuple(shape[p] for p in perm), dtype
 
 
 def infer_slice(args, attrs):
     (shape, dtype), = args
     axis, start, stop = attrs["axis"], attrs["start"], attrs["stop"]
-    _expect(0 <= axis < len(shape), f"slice: axis {axis} out of range for rank {len(shape)}")
+    _expect(0 <= axis < len(shape), lambda: f"slice: axis {axis} out of range for rank {len(shape)}")
     out = list(shape)
     out[axis] = stop - start
     return tuple(out), dtype
@@ -97,13 +99,14 @@ def infer_concat(args, attrs):
     axis = attrs["axis"]
     _expect(len(args) >= 2, "concat: needs at least two operands")
     shape0, dtype0 = args[0]
-    _expect(0 <= axis < len(shape0), f"concat: axis {axis} out of range for rank {len(shape0)}")
+    _expect(0 <= axis < len(shape0), lambda: f"concat: axis {axis} out of range for rank {len(shape0)}")
     total = Expr.of(0)
     for shape, dtype in args:
-        _expect(dtype == dtype0, f"concat: dtypes differ, {dtype0} and {dtype}")
-        _expect(len(shape) == len(shape0), f"concat: ranks differ, {shape_str(shape0)} and {shape_str(shape)}")
+        _expect(dtype == dtype0, lambda: f"concat: dtypes differ, {dtype0} and {dtype}")
+        _expect(len(shape) == len(shape0), lambda: f"concat: ranks differ, {shape_str(shape0)} and {shape_str(shape)}")
         for i, (a, b) in enumerate(zip(shape, shape0)):
-            _expect(i == axis or a == b, f"concat: axis {i} differs, {shape_str(shape0)} and {shape_str(shape)}")
+            _expect(i == axis or a == b,
+                    lambda: f"concat: axis {i} differs, {shape_str(shape0)} and {shape_str(shape)}")
         total = total + shape[axis]
     out = list(shape0)
     out[axis] = total
@@ -112,9 +115,10 @@ def infer_concat(args, attrs):
 
 def infer_gather(args, attrs):
     (table, tdtype), (index, idtype) = args
-    _expect(tdtype in ("f32", "i8", "f16"), f"gather: table dtype {tdtype} not supported (wants f32, i8, f16)")
-    _expect(len(table) == 2, f"gather: table must be rank 2, got {shape_str(table)}")
-    _expect(len(index) == 1 and idtype == "i32", f"gather: index must be i32 of rank 1, got {idtype}{shape_str(index)}")
+    _expect(tdtype in ("f32", "i8", "f16"), lambda: f"gather: table dtype {tdtype} not supported (wants f32, i8, f16)")
+    _expect(len(table) == 2, lambda: f"gather: table must be rank 2, got {shape_str(table)}")
+    _expect(len(index) == 1 and idtype == "i32",
+            lambda: f"gather: index must be i32 of rank 1, got {idtype}{shape_str(index)}")
     return (index[0], table[1]), tdtype
 
 
@@ -124,7 +128,7 @@ def _binary(op: str, dtypes: tuple[str, ...], result: str | None = None) -> Call
     def infer(args, attrs):
         a, b = args
         _same(op, a, b)
-        _expect(a[1] in dtypes, f"{op}: dtype {a[1]} not supported (wants {', '.join(dtypes)})")
+        _expect(a[1] in dtypes, lambda: f"{op}: dtype {a[1]} not supported (wants {', '.join(dtypes)})")
         return a[0], result or a[1]
     return infer
 
@@ -132,16 +136,16 @@ def _binary(op: str, dtypes: tuple[str, ...], result: str | None = None) -> Call
 def _unary(op: str, dtypes: tuple[str, ...]) -> Callable:
     def infer(args, attrs):
         (shape, dtype), = args
-        _expect(dtype in dtypes, f"{op}: dtype {dtype} not supported (wants {', '.join(dtypes)})")
+        _expect(dtype in dtypes, lambda: f"{op}: dtype {dtype} not supported (wants {', '.join(dtypes)})")
         return shape, dtype
     return infer
 
 
 def infer_where(args, attrs):
     (cshape, cdtype), a, b = args
-    _expect(cdtype == "bool", f"where: condition must be bool, got {cdtype}")
+    _expect(cdtype == "bool", lambda: f"where: condition must be bool, got {cdtype}")
     _same("where", a, b)
-    _expect(cshape == a[0], f"where: condition {shape_str(cshape)} and values {shape_str(a[0])} differ")
+    _expect(cshape == a[0], lambda: f"where: condition {shape_str(cshape)} and values {shape_str(a[0])} differ")
     return a
 
 
@@ -149,8 +153,8 @@ def _reduce(op: str) -> Callable:
     def infer(args, attrs):
         (shape, dtype), = args
         axis = attrs["axis"]
-        _expect(dtype == "f32", f"{op}: dtype {dtype} not supported (wants f32)")
-        _expect(0 <= axis < len(shape), f"{op}: axis {axis} out of range for rank {len(shape)}")
+        _expect(dtype == "f32", lambda: f"{op}: dtype {dtype} not supported (wants f32)")
+        _expect(0 <= axis < len(shape), lambda: f"{op}: axis {axis} out of range for rank {len(shape)}")
         out = list(shape)
         out[axis] = Expr.of(1)
         return tuple(out), dtype
@@ -159,10 +163,10 @@ def _reduce(op: str) -> Callable:
 
 def infer_matmul(args, attrs):
     (a, adtype), (b, bdtype) = args
-    _expect(adtype == bdtype == "f32", f"matmul: wants f32 operands, got {adtype} and {bdtype}")
-    _expect(len(a) == len(b) >= 2, f"matmul: operands {shape_str(a)} and {shape_str(b)} need equal rank >= 2")
-    _expect(a[:-2] == b[:-2], f"matmul: batch axes differ, {shape_str(a)} and {shape_str(b)}")
-    _expect(a[-1] == b[-2], f"matmul: inner sizes differ, {shape_str(a)} @ {shape_str(b)}")
+    _expect(adtype == bdtype == "f32", lambda: f"matmul: wants f32 operands, got {adtype} and {bdtype}")
+    _expect(len(a) == len(b) >= 2, lambda: f"matmul: operands {shape_str(a)} and {shape_str(b)} need equal rank >= 2")
+    _expect(a[:-2] == b[:-2], lambda: f"matmul: batch axes differ, {shape_str(a)} and {shape_str(b)}")
+    _expect(a[-1] == b[-2], lambda: f"matmul: inner sizes differ, {shape_str(a)} @ {shape_str(b)}")
     return a[:-1] + (b[-1],), "f32"
 
 
@@ -170,15 +174,16 @@ def infer_block_matmul(args, attrs):
     """xq i8[M, K] x wq i8[N, K] with their block scales xd f32[M, K/32], wd f16[N, K/32] -> f32[M, N]."""
     (xq, xqt), (xd, xdt), (wq, wqt), (wd, wdt) = args
     _expect((xqt, xdt, wqt, wdt) == ("i8", "f32", "i8", "f16"),
-            f"block_matmul: wants i8, f32, i8, f16 operands, got {xqt}, {xdt}, {wqt}, {wdt}")
+            lambda: f"block_matmul: wants i8, f32, i8, f16 operands, got {xqt}, {xdt}, {wqt}, {wdt}")
     _expect(len(xq) == len(xd) == len(wq) == len(wd) == 2, "block_matmul: operands must be rank 2")
     k = xq[1]
     _expect(k.is_const and k.as_int() % QBLOCK == 0,
-            f"block_matmul: the reduction length {k} must be a multiple of {QBLOCK} (pad it)")
+            lambda: f"block_matmul: the reduction length {k} must be a multiple of {QBLOCK} (pad it)")
     blocks = Expr.of(k.as_int() // QBLOCK)
-    _expect(wq[1] == k, f"block_matmul: reduction lengths differ, {shape_str(xq)} and {shape_str(wq)}")
-    _expect(xd == (xq[0], blocks), f"block_matmul: activation scales {shape_str(xd)} should be [{xq[0]}, {blocks}]")
-    _expect(wd == (wq[0], blocks), f"block_matmul: weight scales {shape_str(wd)} should be [{wq[0]}, {blocks}]")
+    _expect(wq[1] == k, lambda: f"block_matmul: reduction lengths differ, {shape_str(xq)} and {shape_str(wq)}")
+    _expect(xd == (xq[0], blocks),
+            lambda: f"block_matmul: activation scales {shape_str(xd)} should be [{xq[0]}, {blocks}]")
+    _expect(wd == (wq[0], blocks), lambda: f"block_matmul: weight scales {shape_str(wd)} should be [{wq[0]}, {blocks}]")
     return (xq[0], wq[0]), "f32"
 
 
@@ -189,35 +194,36 @@ def infer_superblock_matmul(args, attrs):
     """xq i8[M, K] x wq i8[N, K] in ns super-blocks of nb sub-blocks: xd f32[M, ns] (the
     activations' scale per super-block), sc i8[N, nb] (integer sub-scales), d f16[N, ns]
     (super-scales), and optionally mn i8[N, nb] with dmin f16[N, ns] (integer sub-mins) -> f32[M, N]."""
-    _expect(len(args) in (5, 7), f"superblock_matmul: wants 5 or 7 operands (xq, xd, wq, sc, d[, mn, dmin]), "
+    _expect(len(args) in (5, 7), lambda: f"superblock_matmul: wants 5 or 7 operands (xq, xd, wq, sc, d[, mn, dmin]), "
                                  f"got {len(args)}")
     dtypes = tuple(t for _, t in args)
     want = ("i8", "f32", "i8", "i8", "f16", "i8", "f16")[:len(args)]
-    _expect(dtypes == want, f"superblock_matmul: wants {', '.join(want)} operands, got {', '.join(dtypes)}")
+    _expect(dtypes == want, lambda: f"superblock_matmul: wants {', '.join(want)} operands, got {', '.join(dtypes)}")
     shapes = [s for s, _ in args]
     _expect(all(len(s) == 2 for s in shapes), "superblock_matmul: operands must be rank 2")
     xq, xd, wq, sc, d = shapes[:5]
     k, nb, ns = xq[1], sc[1], d[1]
     _expect(k.is_const and nb.is_const and ns.is_const, "superblock_matmul: reduction and block counts must be constants")
-    _expect(wq[1] == k, f"superblock_matmul: reduction lengths differ, {shape_str(xq)} and {shape_str(wq)}")
+    _expect(wq[1] == k, lambda: f"superblock_matmul: reduction lengths differ, {shape_str(xq)} and {shape_str(wq)}")
     _expect(ns.as_int() > 0 and nb.as_int() % ns.as_int() == 0 and k.as_int() % nb.as_int() == 0,
-            f"superblock_matmul: {k} values in {nb} sub-blocks in {ns} super-blocks do not divide evenly")
+            lambda: f"superblock_matmul: {k} values in {nb} sub-blocks in {ns} super-blocks do not divide evenly")
     _expect(k.as_int() // ns.as_int() <= SUPERBLOCK,
-            f"superblock_matmul: super-blocks of {k.as_int() // ns.as_int()} values exceed {SUPERBLOCK}: their "
+            lambda: f"superblock_matmul: super-blocks of {k.as_int() // ns.as_int()} values exceed {SUPERBLOCK}: their "
             f"integer sums could leave int32")
-    _expect(xd == (xq[0], ns), f"superblock_matmul: activation scales {shape_str(xd)} should be [{xq[0]}, {ns}]")
-    _expect(sc == (wq[0], nb), f"superblock_matmul: sub-scales {shape_str(sc)} should be [{wq[0]}, {nb}]")
-    _expect(d == (wq[0], ns), f"superblock_matmul: super-scales {shape_str(d)} should be [{wq[0]}, {ns}]")
+    _expect(xd == (xq[0], ns),
+            lambda: f"superblock_matmul: activation scales {shape_str(xd)} should be [{xq[0]}, {ns}]")
+    _expect(sc == (wq[0], nb), lambda: f"superblock_matmul: sub-scales {shape_str(sc)} should be [{wq[0]}, {nb}]")
+    _expect(d == (wq[0], ns), lambda: f"superblock_matmul: super-scales {shape_str(d)} should be [{wq[0]}, {ns}]")
     if len(args) == 7:
         _expect(shapes[5] == sc and shapes[6] == d,
-                f"superblock_matmul: sub-mins {shape_str(shapes[5])} and their super-scales {shape_str(shapes[6])} "
-                f"should be shaped as {shape_str(sc)} and {shape_str(d)}")
+                lambda: f"superblock_matmul: sub-mins {shape_str(shapes[5])} and their super-scales "
+                        f"{shape_str(shapes[6])} should be shaped as {shape_str(sc)} and {shape_str(d)}")
     return (xq[0], wq[0]), "f32"
 
 
 def infer_cast(args, attrs):
     (shape, dtype), = args
-    _expect(attrs["dtype"] in DTYPES, f"cast: unknown dtype {attrs['dtype']!r}")
+    _expect(attrs["dtype"] in DTYPES, lambda: f"cast: unknown dtype {attrs['dtype']!r}")
     return shape, attrs["dtype"]
 
 

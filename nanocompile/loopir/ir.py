@@ -33,6 +33,8 @@ class Node:
     BODIES: ClassVar[tuple[str, ...]] = ()
 
     def children(self) -> tuple:
+        if not self.BODIES:
+            return tuple([getattr(self, name) for name in self.CHILDREN])
         out = []
         for name in self.CHILDREN:
             value = getattr(self, name)

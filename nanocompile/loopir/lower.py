@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from ..ir.expr import Expr, product
 from ..ir.graph import Graph, Node
 from ..ir.ops import MOVEMENT, QBLOCK
-from ..signature import Signature, identifier, weight_buffer
+from ..ir.signature import Signature, identifier, weight_buffer
 from . import views as V
-from .ir import (OUTPUT, REDUCTION, Acc, AccInit, AccUpdate, Bin, Buffer, ByteSum, Call, Cast, FConst, Fma, IConst, Kernel,
-                 Load, Loop, Param, Poly, Program, Select, Store, Un, Var)
+from .ir import (OUTPUT, REDUCTION, Acc, AccInit, AccUpdate, Bin, Buffer, ByteSum, Call, Cast, FConst, Fma, IConst,
+                 Kernel, Load, Loop, Param, Poly, Program, Select, Store, Un, Var)
 from .naming import kernel_name, slug
 from .traverse import free_vars
 
@@ -261,7 +261,7 @@ class KernelBody:
             acc, init_value = self.fresh("acc"), FConst(float("-inf")) if kind == "max" else FConst(0.0)
         init = AccInit(acc, dtype, init_value)
         shared = next((s for s in owner.stmts if isinstance(s, Level) and s.extent == extent_
-                       and not (s.reduces & self.low.ancestors(node))), None)
+                       and not self.low.depends_on_any(node, s.reduces)), None)
         inner = shared or Level(self.fresh(var_kind), extent_, REDUCTION)
         self.stack = saved[:depth + 1] + [inner]
         try:
@@ -423,16 +423,21 @@ class Lowering:
             if signature.state_named(name) is None and not any(x.name == name for x in signature.inputs):
                 raise LoweringError(f"graph input {name!r} is neither a step input nor state in the signature")
 
-    def ancestors(self, node: int) -> set[int]:
-        """Every node the value of node depends on (memoized)."""
-        if not hasattr(self, "_ancestors"):
-            self._ancestors = {}
-            for n in self.g.nodes:
-                deps = set(n.args)
-                for a in n.args:
-                    deps |= self._ancestors[a]
-                self._ancestors[n.id] = deps
-        return self._ancestors[node]
+    def depends_on_any(self, node: int, targets: set[int]) -> bool:
+        """Whether the value of node depends on any of targets. Node ids are in topological order,
+        so the search stops below the smallest target."""
+        if not targets:
+            return False
+        low = min(targets)
+        seen, stack = set(), [node]
+        while stack:
+            for a in self.g.nodes[stack.pop()].args:
+                if a in targets:
+                    return True
+                if a > low and a not in seen:
+                    seen.add(a)
+                    stack.append(a)
+        return False
 
     def _used_nodes(self) -> set[int]:
         used, stack = set(), list(self.g.outputs.values())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Iterator
 
-from .ir import Acc, AccInit, AccUpdate, Bin, IConst, Load, Loop, Node, Store, Var, STATEMENTS
+from .ir import STATEMENTS, Acc, AccInit, AccUpdate, Bin, IConst, Load, Loop, Node, Store, Var
 
 
 def walk(node, descend: Callable | None = None) -> Iterator[Node]:
@@ -67,11 +67,21 @@ def rewrite(node, fn: Callable):
         return tuple(out)
     kids = node.children()
     if kids:
-        new_kids = []
+        new_kids, changed = [], False
         for c in kids:
-            new = rewrite(c, fn)
-            new_kids.extend(new if isinstance(new, tuple) else (new,))
-        node = node.with_children(new_kids)
+            if c.CHILDREN:
+                new = rewrite(c, fn)
+            else:  # a leaf (a variable, a constant): fn alone, without the recursion
+                new = fn(c)
+                new = c if new is None else new
+            if isinstance(new, tuple):
+                new_kids.extend(new)
+                changed = True
+            else:
+                new_kids.append(new)
+                changed = changed or new is not c
+        if changed:  # rebuilt only where something under it changed
+            node = node.with_children(new_kids)
     replaced = fn(node)
     return node if replaced is None else replaced
 

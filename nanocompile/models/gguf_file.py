@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import mmap
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
+from ..cache.files import identity, read_record, write_record
+from ..cache.location import cache_root
 from ..errors import ModelError
 
 MAX_TENSORS = 1 << 16
@@ -39,6 +43,62 @@ def type_name(type_id: int) -> str:
     if type_id == ARRAY:
         return "ARRAY"
     return SCALARS[type_id][0] if type_id in SCALARS else f"unknown type {type_id}"
+
+
+_LENGTH = struct.Struct("<Q")
+
+
+class FileArray(Sequence):
+    """A metadata array as the file holds it, read when first used: its bounds are checked when the
+    file is parsed, its strings' text when they are decoded (the vocabulary's 151,936 tokens and
+    merges are needed only to build a tokenizer, which a warm start finds in the cache)."""
+
+    def __init__(self, path: Path, elem: int, start: int, end: int, count: int, what: str):
+        self.path, self.elem, self.start, self.end, self.count, self.what = path, elem, start, end, count, what
+        self._items: list | None = None
+
+    def _read(self) -> list:
+        if self._items is None:
+            with open(self.path, "rb") as f:
+                f.seek(self.start)
+                raw = f.read(self.end - self.start)
+            if len(raw) != self.end - self.start:
+                raise ModelError(f"{self.path}: the file ends inside {self.what} (changed since it was read?)")
+            self._items = self._strings(raw) if self.elem == STRING else self._numbers(raw)
+        return self._items
+
+    def _strings(self, raw: bytes) -> list[str]:
+        pos, items = 0, []
+        for j in range(self.count):
+            (n,) = _LENGTH.unpack_from(raw, pos)
+            pos += 8
+            try:
+                items.append(raw[pos:pos + n].decode("utf-8"))
+            except UnicodeDecodeError as e:
+                raise ModelError(f"{self.path}: element {j} of {self.what} at byte {self.start + pos} is not UTF-8 "
+                                 f"text (byte {e.start} of {n})") from None
+            pos += n
+        return items
+
+    def _numbers(self, raw: bytes) -> list:
+        name, fmt = SCALARS[self.elem]
+        array = np.frombuffer(raw, dtype=np.dtype(fmt), count=self.count)
+        return [bool(x) for x in array] if name == "BOOL" else array.tolist()
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i):
+        return self._read()[i]
+
+    def __iter__(self):
+        return iter(self._read())
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other) if isinstance(other, (list, tuple, FileArray)) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"FileArray({self.count} of {type_name(self.elem)})"
 
 
 @dataclass(frozen=True)
@@ -75,16 +135,67 @@ class GGUFFile:
 
 
 def read_gguf(path: Path) -> GGUFFile:
-    """Parses and checks path's header, metadata and tensor table (the tensor data is not read)."""
-    size = path.stat().st_size
-    if size < HEADER_BYTES:
-        raise ModelError(f"{path}: {size} bytes is too short to be a GGUF file")
+    """Parses and checks path's header, metadata and tensor table (the tensor data is not read).
+    A file parsed before and unchanged since (its identity: device, inode, size, modification and
+    change times) is read from the cache's record of it instead (0.05 s of parsing saved for the
+    default model, most of it walking the 300,000 strings of its vocabulary)."""
+    st = path.stat()
+    if st.st_size < HEADER_BYTES:
+        raise ModelError(f"{path}: {st.st_size} bytes is too short to be a GGUF file")
+    cached = _cached_header(path, st)
+    if cached is not None:
+        return cached
     with open(path, "rb") as f:
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
-        return _Parser(path, buf, size).parse()
+        parsed = _Parser(path, buf, st.st_size).parse()
     finally:
         buf.close()
+    _remember_header(parsed, st)
+    return parsed
+
+
+# parsed headers, kept in the cache by file identity ---------------------------------------------
+
+HEADER_RECORD = 1  # the form of a kept header; a record of another form is parsed again
+
+
+def _header_name(path: Path) -> str:
+    return f"headers/{xxhash.xxh3_64_hexdigest(str(path.resolve()).encode())}.json"
+
+
+def _cached_header(path: Path, st) -> GGUFFile | None:
+    for candidate in cache_root().candidates(_header_name(path)):
+        r = read_record(candidate)
+        if not r or r.get("form") != HEADER_RECORD or r.get("identity") != identity(st) or \
+                r.get("path") != str(path.resolve()):
+            continue
+        try:
+            metadata = {}
+            for key, kind, value in r["metadata"]:
+                if isinstance(value, dict):  # an array: where it is in the file
+                    elem, start, end, count = value["array"]
+                    value = FileArray(path, elem, start, end, count, f"metadata key {key!r}")
+                metadata[key] = Value(kind, value)
+            tensors = [TensorInfo(n, tuple(d), i, k, o, b, s) for n, d, i, k, o, b, s in r["tensors"]]
+            return GGUFFile(path, r["version"], st.st_size, metadata, tensors, r["data_start"], r["alignment"])
+        except (KeyError, TypeError, ValueError):
+            continue
+    return None
+
+
+def _remember_header(f: GGUFFile, st) -> None:
+    def value(v):
+        return {"array": [v.elem, v.start, v.end, v.count]} if isinstance(v, FileArray) else v
+
+    record = {"form": HEADER_RECORD, "path": str(f.path.resolve()), "identity": identity(st), "version": f.version,
+              "data_start": f.data_start, "alignment": f.alignment,
+              "metadata": [[k, m.type, value(m.value)] for k, m in f.metadata.items()],
+              "tensors": [[t.name, list(t.dims), t.type_id, t.type, t.offset, t.n_bytes, t.start] for t in f.tensors]}
+    try:
+        write_record(cache_root().place(_header_name(f.path)), record)
+    except OSError:
+        pass  # parsed again next time
 
 
 class _Parser:
@@ -172,19 +283,33 @@ class _Parser:
         smallest = 8 if elem == STRING else struct.calcsize(SCALARS[elem][1])
         if count * smallest > self.size - self.pos:
             self.fail(f"{what} claims {count} elements, which cannot fit in the {self.size - self.pos} bytes left")
+        start = self.pos
         if elem == STRING:
-            items = [self.string(f"element {j} of {what}") for j in range(count)]
-            return Value("ARRAY[STRING]", items)
+            self.skip_strings(count, what)
+            return Value("ARRAY[STRING]", FileArray(self.path, elem, start, self.pos, count, what))
         name, fmt = SCALARS[elem]
-        array = np.frombuffer(self.buf, dtype=np.dtype(fmt), count=count, offset=self.pos)
         self.pos += count * smallest
-        if name == "BOOL":
-            if count and array.max() > 1:
+        if name == "BOOL" and count:
+            array = np.frombuffer(self.buf, dtype=np.uint8, count=count, offset=start)
+            if array.max() > 1:
                 self.fail(f"{what} is an array of BOOL with a byte value {int(array.max())} (expected 0 or 1)")
-            items = [bool(x) for x in array]
-        else:
-            items = array.tolist()
-        return Value(f"ARRAY[{name}]", items)
+        return Value(f"ARRAY[{name}]", FileArray(self.path, elem, start, self.pos, count, what))
+
+    def skip_strings(self, count: int, what: str) -> None:
+        """Past count strings, their lengths checked against the file; their text is decoded when read."""
+        buf, start, size = self.buf, self.pos, self.size
+        pos = start
+        for j in range(count):
+            if size - pos < 8:
+                self.pos = pos
+                self.need(8, f"the length of element {j} of {what}")
+            (n,) = _LENGTH.unpack_from(buf, pos)
+            pos += 8
+            if n > size - pos:
+                self.pos = pos
+                self.need(n, f"element {j} of {what}")
+            pos += n
+        self.pos = pos
 
     def alignment(self, metadata: dict[str, Value]) -> int:
         found = metadata.get("general.alignment")

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..cache import sources
 from ..errors import ModelError
-from ..formats import BlockFormat, check_finite_scales, format_named
+from .formats import BlockFormat, check_finite_scales, format_named
 
 
 class StoredBlocks(NamedTuple):
@@ -32,13 +32,15 @@ class StoredBlocks(NamedTuple):
 class WeightSource(Mapping):
     def __init__(self, shapes: dict[str, tuple[int, ...]], convert: Callable[[str], np.ndarray], where: str,
                  content_key: str | None = None, tensor_label: Callable[[str], str] | None = None,
-                 raw: Callable[[str], tuple[str, np.ndarray]] | None = None):
+                 raw: Callable[[str], tuple[str, np.ndarray]] | None = None, types: dict[str, str] | None = None):
         """shapes: every tensor's name and shape; convert(name): that tensor as float32; where: the
         file or directory, for messages; content_key: the source's content hash, under which the
         finite check is recorded; tensor_label(name): the tensor's name in the file's own terms;
         raw(name): the tensor as stored (a GGUF's ggml type name and its bytes), for a precision
-        that packs the file's own blocks."""
+        that packs the file's own blocks; types: each tensor's stored type name, from the file's
+        tensor table (what raw(name)[0] says, without mapping the bytes)."""
         self.shapes = dict(shapes)
+        self._types = types
         self._convert = convert
         self._raw = raw
         self.where = where
@@ -72,6 +74,13 @@ class WeightSource(Mapping):
         if self._raw is None:
             raise ModelError(f"{self.where}: its tensors have no stored form other than float32")
         return self._raw(name)
+
+    def stored_type(self, name: str) -> str:
+        """The tensor's type as the file stores it (F32, Q8_0, Q4_K, ...); ModelError if the source
+        has no stored form other than float32."""
+        if self._types is not None and name in self._types:
+            return self._types[name]
+        return self.raw(name)[0]
 
     def blocks(self, name: str) -> StoredBlocks:
         """The tensor's stored blocks with their format (nanocompile.formats), mapped from the file,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..interpreter import evaluate_node
 from ..ir.graph import Graph
+from ..ir.interpreter import evaluate_node
 from ..ir.ops import MOVEMENT, SOURCES
 from .rebuild import Rebuilder, live_nodes
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 from ..loopir.ir import Kernel
+from .blocking import pack
 from .directives import (DotProduct, LaneReduce, Pack, Parallel, PrefetchNext, Reorder, ScheduleError, Split, Unroll,
                          UnrollJam, Vectorize)
 from .dot import dot_product
 from .lanes import lane_reduce
 from .loops import check_chunks, parallel, reorder, split, unroll, unroll_jam
-from .pack import pack
 from .prefetch import prefetch_next
 from .vector import check_lanes, vectorize
 

@@ -12,8 +12,8 @@ import hashlib
 
 from ..loopir.ir import Kernel, format_kernel
 from .apply import apply, first_legal, is_legal
+from .blocking import weight_layouts
 from .directives import Pack
-from .pack import weight_layouts
 from .recipes import default_schedule
 
 

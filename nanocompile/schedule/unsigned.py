@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..loopir.affine import linear
-from ..loopir.ir import REDUCTION, Acc, AccInit, AccUpdate, Bin, ByteSum, Cast, Dot, IConst, Kernel, Lane, Load, Loop, Var
+from ..loopir.ir import (REDUCTION, Acc, AccInit, AccUpdate, Bin, ByteSum, Cast, Dot, IConst, Kernel, Lane, Load, Loop,
+                         Var)
 from ..loopir.traverse import contains, statements, statements_in_loops, substitute, walk
 from .directives import ScheduleError
 

@@ -23,8 +23,8 @@ import dataclasses
 
 from ..loopir.affine import build, linear
 from ..loopir.ir import AccInit, AccUpdate, Bin, Cast, Dot, IConst, Kernel, Lane, Load, Select, Store, Var, dtype_of
-from ..loopir.traverse import (contains, declared, expressions, find_loop, loads, loops, replace, rewrite,
-                               statements, substitute, walk)
+from ..loopir.traverse import (contains, declared, expressions, find_loop, loads, loops, replace, rewrite, statements,
+                               substitute, walk)
 from .directives import ScheduleError, Vectorize
 
 TARGET_LANES = (8, 16)  # AVX2, AVX-512

@@ -24,12 +24,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..api import Model
+from ..engine.checks import check_tokens
+from ..engine.sampling import SamplingParams
 from ..errors import ContextFullError, InputError, ModelError, NanocompileError
-from ..sampling import SamplingParams
-from ..checks import check_tokens
 from . import openai_format as fmt
-from .engine import Engine, Job, QueueFull, ShuttingDown
 from .schemas import ChatRequest, CompletionRequest, Sampling
+from .worker import Engine, Job, QueueFull, ShuttingDown
 
 MAX_BODY = 8 << 20
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from ..codegen.cexpr import C_TYPES
-from ..codegen.graph_library import compile_source
 from ..codegen.render import environment, kernel_data
-from ..compiler import GENERATOR
+from ..compiler.graph_library import compile_source
 from ..loopir.ir import Buffer, Kernel
+from ..schedule.blocking import pack_array
 from ..schedule.directives import Pack
-from ..schedule.pack import pack_array
+from ..version import GENERATOR
 
 GUARD = 64          # elements either side of a written buffer that must come back untouched
 SENTINEL = 0xA5     # their byte pattern

@@ -9,7 +9,6 @@ from pathlib import Path
 from ..cache.files import AtomicFile
 from ..cache.location import cache_dir
 from ..cache.notes import note
-from ..schedule import directives
 from ..target import cpu_model
 
 FORMAT = 1
@@ -18,6 +17,8 @@ _DIRECTIVE = re.compile(r"(\w+)\((.*)\)")
 
 def parse_directive(text: str):
     """A directive from its printed form, e.g. 'Split(i0, 6)'."""
+    from ..schedule import directives  # here: a run with no tuned schedules never loads the scheduler
+
     m = _DIRECTIVE.fullmatch(text.strip())
     cls = getattr(directives, m.group(1), None) if m else None
     if cls is None or not hasattr(cls, "__dataclass_fields__"):

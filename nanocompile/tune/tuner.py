@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..compiler import DEFAULT_CHUNK, Options, resolve_options, run_pipeline
+from ..codegen.options import DEFAULT_CHUNK, Options, resolve_options
+from ..compiler.driver import run_pipeline
 from ..frontend.config import Qwen2Config
 from ..frontend.qwen2 import qwen2_program
 from ..loopir.ir import Buffer, Kernel
@@ -61,12 +62,17 @@ class Job:
         return sorted((i for i in range(len(self.schedules)) if i != self.recipe), key=lambda i: (distance[i], i))
 
 
-def model_jobs(cfg: Qwen2Config, march: str | None = None, precision: str = "f32") -> tuple[list[Job], str]:
-    """The model's distinct kernels at a precision (its graph's: f32 or int8) with their search
-    spaces, and the level they are built for. An int8 kernel's name says so: the two precisions
-    have kernels of the same name that compute different things."""
-    options, _ = resolve_options(Options(march=march, schedule=False, precision=precision))
-    c = run_pipeline(qwen2_program(cfg, precision), options)
+def model_jobs(cfg: Qwen2Config, march: str | None = None, precision: str = "f32", superblocks: tuple = (),
+               narrow: tuple = (), label: str | None = None) -> tuple[list[Job], str]:
+    """The model's distinct kernels at a graph precision (f32 or int8) with their search spaces,
+    and the level they are built for. superblocks and narrow: the weights an opened model keeps in
+    a K format's numbers or in 4-6 bits (engine/open.py's options), so that native tunes the
+    kernels native runs. label: the precision the kernels are named after (native for int8's
+    graph on a file's own blocks; by default the graph's). A kernel's name says its precision:
+    f32, int8 and native have kernels of the same name that compute different things."""
+    options, _ = resolve_options(Options(march=march, schedule=False, precision=precision,
+                                         superblocks=tuple(superblocks), narrow=tuple(narrow)))
+    c = run_pipeline(qwen2_program(cfg, precision, options.superblocks), options)
     lanes = vector_lanes(options.march)
     offset = dot_weight_offset(options.march)
     weights = weight_params(c.kernels, c.programs.values())
@@ -85,7 +91,8 @@ def model_jobs(cfg: Qwen2Config, march: str | None = None, precision: str = "f32
             schedules.insert(0, recipe)
             knobs.insert(0, {"recipe": True})
         decode_calls = sum(1 for cl in c.programs["last"].calls if cl.kernel == name) if "last" in c.programs else 0
-        jobs.append(Job(name if precision == "f32" else f"{name} ({precision})", k, kernel_class(k, lanes, w, st), [prog.buffers[b] for b in call.args], schedules, knobs,
+        label = label or precision
+        jobs.append(Job(name if label == "f32" else f"{name} ({label})", k, kernel_class(k, lanes, w, st), [prog.buffers[b] for b in call.args], schedules, knobs,
                         schedules.index(recipe), decode_calls))
     return jobs, options.march
 

@@ -1,0 +1,117 @@
+"""Per-kernel times of one prefill and one decode step, from a library built with
+NANOCOMPILE_PROFILE (every kernel call timed on thread 0, to the end of its barrier).
+
+    python -m bench.probes.profile [int8|f32|native] [prompt tokens] [--chunk N] [--threads N]
+                                                     # prints; appends to bench/results.jsonl
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.support.measure import THREADS
+
+
+def profile(model, prompt, module, precision: str | None = None, threads: int = THREADS) -> dict:
+    """Per-kernel times of one prefill and one decode step, from a NANOCOMPILE_PROFILE build.
+    precision: the session's (native's module is int8's graph, so module.precision says int8)."""
+    import numpy as np
+
+    from nanocompile.codegen.render import render_tree
+    from nanocompile.codegen.tree import write_tree
+    from nanocompile.compiler.build import cmake_build
+    from nanocompile.engine.compiled import CompiledSession
+
+    d = Path(tempfile.mkdtemp(prefix="nc-profile-"))
+    write_tree(module, d / "tree")
+    manifest = json.loads(render_tree(module)["manifest.json"])
+    cmake_build(d / "tree", d / "build", {"NANOCOMPILE_PROFILE": "ON"}, target=manifest["library"])
+    lib_path = d / "build" / f"lib{manifest['library']}.so"
+    s = CompiledSession.from_weights(model.config, model.weights, n_ctx=len(prompt) + 8, threads=threads,
+                        weights_key=model.key, library=(lib_path, manifest), precision=precision or module.precision,
+                        max_chunk=module.max_chunk)
+    p = manifest["prefix"]
+    lib = s.lib.cdll
+    for name, res in (("profile_kernels", ctypes.c_int32), ("profile_name", ctypes.c_char_p),
+                      ("profile_ns", ctypes.c_uint64), ("profile_calls", ctypes.c_uint64)):
+        getattr(lib, p + name).restype = res
+    getattr(lib, p + "profile_name").argtypes = [ctypes.c_int32]
+    getattr(lib, p + "profile_ns").argtypes = [ctypes.c_int32]
+    getattr(lib, p + "profile_calls").argtypes = [ctypes.c_int32]
+
+    def measure(tokens):
+        getattr(lib, p + "profile_reset")()
+        t0 = time.perf_counter()
+        logits = s.step(tokens)
+        wall = time.perf_counter() - t0
+        by_kernel = {}
+        for i in range(getattr(lib, p + "profile_kernels")()):
+            calls = getattr(lib, p + "profile_calls")(i)
+            if calls:
+                name = getattr(lib, p + "profile_name")(i).decode()
+                by_kernel[name] = {"ns": getattr(lib, p + "profile_ns")(i), "calls": calls}
+        inside = sum(k["ns"] for k in by_kernel.values()) / 1e9
+        matmul = sum(k["ns"] for n, k in by_kernel.items() if n.startswith("matmul")) / 1e9
+        top = sorted(by_kernel.items(), key=lambda kv: -kv[1]["ns"])[:8]
+        return logits, {"wall_s": wall, "matmul_s": matmul, "other_kernels_s": inside - matmul,
+                        "outside_s": wall - inside, "calls": sum(k["calls"] for k in by_kernel.values()),
+                        "top": [{"kernel": n, "ms": k["ns"] / 1e6, "calls": k["calls"]} for n, k in top]}
+
+    logits, prefill = measure(prompt)
+    _, decode = measure([int(np.argmax(logits))])
+    s.close()
+    return {"prefill": prefill, "decode": decode}
+
+
+def print_profile(prof: dict, top: int) -> None:
+    for phase in ("prefill", "decode"):
+        q = prof[phase]
+        print(f"profile {phase}: wall {q['wall_s'] * 1e3:.1f} ms = matmul {q['matmul_s'] * 1e3:.1f} + other kernels "
+              f"{q['other_kernels_s'] * 1e3:.1f} + outside {q['outside_s'] * 1e3:.2f} ms, {q['calls']} calls")
+        for t in q["top"][:top]:
+            print(f"    {t['kernel']:45} {t['ms']:9.2f} ms  {t['calls']} calls")
+
+
+
+
+def main() -> None:
+    import argparse
+
+    from bench.support.measure import append
+    from nanocompile.codegen.options import DEFAULT_CHUNK
+    from nanocompile.engine.precision import PRECISIONS
+
+    def positive(text: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: a whole number, at least 1")
+        return int(text)
+
+    from nanocompile.engine.compiled import CompiledSession
+    from nanocompile.models import load_model
+
+    ap = argparse.ArgumentParser(description="per-kernel times of a prompt and a decode step")
+    ap.add_argument("precision", nargs="?", default="int8", choices=PRECISIONS)
+    ap.add_argument("prompt", nargs="?", type=int, default=512, help="prompt tokens")
+    ap.add_argument("--chunk", type=positive, default=DEFAULT_CHUNK, help="prompt rows a pass takes (the library's)")
+    ap.add_argument("--threads", type=positive, default=THREADS)
+    args = ap.parse_args()
+    precision, n = args.precision, args.prompt
+    model = load_model("default", progress=False)
+    s = CompiledSession.from_weights(model.config, model.weights, n_ctx=n + 8, threads=args.threads, weights_key=model.key,
+                        precision=precision, max_chunk=args.chunk)
+    module = s.module
+    s.close()
+    prompt = [int(t) for t in np.random.default_rng(0).integers(1000, 100000, n)]
+    prof = profile(model, prompt, module, precision, args.threads)
+    print_profile(prof, 10)
+    append({"bench": "profile", "precision": precision, "prompt": n, "march": module.options.march,
+            "chunk": args.chunk, "profile_threads": args.threads, **prof})
+
+
+if __name__ == "__main__":
+    main()
