@@ -67,6 +67,8 @@ class Expr:
 
     # comparison and hashing: structural, so equal polynomials compare equal
     def __eq__(self, other) -> bool:
+        if type(other) is Expr:
+            return self.terms == other.terms
         try:
             other = Expr.of(other)
         except TypeError:
@@ -157,7 +159,13 @@ def evaluate_shape(shape, env: Mapping[str, int]) -> tuple[int, ...]:
 
 
 def product(dims) -> Expr:
-    out = Expr.of(1)
+    out, constant = Expr.of(1), 1
     for d in dims:
-        out = out * d
-    return out
+        d = Expr.of(d)
+        if len(d.terms) == 1 and () in d.terms:  # a constant: multiplied as an int
+            constant *= d.terms[()]
+        elif not d.terms:
+            constant = 0
+        else:
+            out = out * d
+    return out * constant
