@@ -37,6 +37,17 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "levels: run at every vector level this CPU runs (NANOCOMPILE_MARCH)")
 
 
+def pytest_report_header(config):
+    """What this run tests on: the CPU, the levels its C tests build for, and the level each
+    library shipped in the installed package was built for."""
+    from nanocompile.compiler.build import packaged_manifests
+    from nanocompile.target import cpu_model
+
+    shipped = ", ".join(f"{m['fingerprint']['precision']} for {m['fingerprint']['march']}" for m, _ in packaged_manifests())
+    return [f"nanocompile: {cpu_model()}; C tests built for {', '.join(_levels(config))} "
+            f"(NANOCOMPILE_MARCH for the levels below this CPU's); shipped libraries: {shipped or 'none'}"]
+
+
 def _levels(config) -> list[str]:
     """This CPU's target, then AVX2 (x86-64-v3) if the CPU has more and runs it."""
     native = detect_march()[0]

@@ -82,3 +82,26 @@ def test_config_validation():
         tiny_config(head_dim=9)
     with pytest.raises(ConfigError, match="positive integer"):
         tiny_config(layers=0)
+
+
+def test_rope_frequencies_are_the_same_on_every_cpu():
+    """theta ** (-2i / d) correctly rounded to float32: each frequency is the float32 nearest the
+    value computed with 60 digits, whatever NumPy's float32 power gives on this CPU (its AVX2 and
+    AVX-512 code differ). A float32 halfway case would be decided to even: none occurs here."""
+    from decimal import Decimal, localcontext
+
+    from nanocompile.frontend.nn import nearest_float32, rope_frequencies
+
+    for theta, d in ((1_000_000.0, 64), (10_000.0, 128), (1_000_000.0, 128), (500_000.0, 80)):
+        got = rope_frequencies(d, theta)
+        with localcontext() as ctx:
+            ctx.prec = 60
+            exact = [(Decimal(theta).ln() * -2 * i / d).exp() for i in range(d // 2)]
+        for g, x in zip(got, exact):
+            up, down = np.nextafter(g, np.float32(np.inf)), np.nextafter(g, np.float32(-np.inf))
+            here = abs(Decimal(float(g)) - x)
+            assert here <= abs(Decimal(float(up)) - x) and here <= abs(Decimal(float(down)) - x)
+    # halfway cases go to the even neighbour: 1 + 2^-24 to 1; 1 + 3 * 2^-24 to 1 + 2^-22, not 1 + 2^-23
+    assert nearest_float32(Decimal(1) + Decimal(2) ** -24) == np.float32(1.0)
+    assert nearest_float32(Decimal(1) + 3 * Decimal(2) ** -24) == np.float32(1 + 2 ** -22)
+    assert nearest_float32(Decimal(1) + Decimal(2) ** -23 + Decimal(2) ** -30) == np.float32(1 + 2 ** -23)

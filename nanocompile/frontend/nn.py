@@ -6,6 +6,9 @@ operation for operation, so the interpreter differs from it only by summation or
 """
 from __future__ import annotations
 
+import math
+from decimal import Decimal, localcontext
+
 import numpy as np
 
 from ..ir.expr import Expr
@@ -123,13 +126,33 @@ def softmax(b: GraphBuilder, x: int) -> int:
     return b.div(e, b.broadcast(b.reduce_sum(e, axis), shape))
 
 
+def rope_frequencies(head_dim: int, theta: float) -> np.ndarray:
+    """theta ** (-2i / head_dim) for i < head_dim / 2, each correctly rounded to float32: the same
+    bits on every CPU. (transformers computes 1 / base ** (arange(0, d, 2) / d) in float32;
+    NumPy's float32 power did too, but its result depends on the CPU: AVX-512 machines take
+    another code path than AVX2 ones, and the two differ by up to 2 units in the last place in 7
+    of the default model's 32 frequencies, which changed every logit on an AVX2-only EPYC; seen
+    with qemu-x86_64 -cpu EPYC-Milan.) Computed with 40 significant digits, far more than the
+    rounding to float32 needs."""
+    with localcontext() as ctx:
+        ctx.prec = 40
+        base = Decimal(float(theta))
+        exact = [(base.ln() * Decimal(-2 * i) / Decimal(head_dim)).exp() for i in range(head_dim // 2)]
+    return np.array([nearest_float32(x) for x in exact], dtype=np.float32)
+
+
+def nearest_float32(x: Decimal) -> np.float32:
+    """The float32 nearest x (a tie to the even one), from the float64 guess and its neighbours."""
+    guess = np.float32(float(x))
+    candidates = [np.nextafter(guess, np.float32(-np.inf)), guess, np.nextafter(guess, np.float32(np.inf))]
+    return min(candidates, key=lambda c: (abs(Decimal(float(c)) - x), int(np.array(c).view(np.uint32)) & 1))
+
+
 def rope_tables(b: GraphBuilder, head_dim: int, theta: float) -> tuple[int, int]:
     """cos and sin tables [seq, head_dim] for the positions past .. past+seq-1, in the graph."""
     seq, past = Expr.sym("seq"), Expr.sym("past")
     half = head_dim // 2
-    # transformers: 1 / base ** (arange(0, d, 2) / d), in float32
-    exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
-    inv_freq = (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
+    inv_freq = rope_frequencies(head_dim, theta)
     positions = b.add(b.iota(seq), b.broadcast(b.reshape(b.dim(past), [1]), [seq]))
     positions = b.cast(positions, "f32")
     freqs = b.mul(expand(b, positions, [seq, 1], [seq, half]), expand(b, b.const(inv_freq), [1, half], [seq, half]))
@@ -169,7 +192,7 @@ def attention(b: GraphBuilder, q: int, k: int, v: int, mask: int, kv_heads: int)
     group = heads.as_int() // kv_heads
     qg = b.reshape(q, [kv_heads, group * seq, d])
     scores = b.matmul(qg, b.permute(k, [0, 2, 1]))
-    scale = np.float32(d.as_int() ** -0.5)
+    scale = np.float32(1.0 / math.sqrt(d.as_int()))  # IEEE operations: the same bits on every CPU
     scores = b.mul(scores, fill(b, float(scale), [kv_heads, group * seq, total]))
     scores = b.reshape(scores, [kv_heads, group, seq, total])
     full = [kv_heads, group, seq, total]
