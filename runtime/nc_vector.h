@@ -263,10 +263,9 @@ static inline nc_i32x16 nc_dot4u_bytes_16(nc_i32x16 acc, const int8_t *x, __m512
 {
 #if defined(__AVX512VNNI__)
     return (nc_i32x16)_mm512_dpbusd_epi32((__m512i)acc, u, _mm512_set1_epi32(nc_x4(x)));
-#else
-    int8_t bytes[64];
-    _mm512_storeu_si512(bytes, u);
-    return nc_dot4u_16(acc, x, bytes);
+#else  /* the rebuilt bytes are within [0, 63]: vpmaddubsw's pair sums stay exact (nc_dot4u_small_8) */
+    __m512i pairs = _mm512_maddubs_epi16(u, _mm512_set1_epi32(nc_x4(x)));
+    return acc + (nc_i32x16)_mm512_madd_epi16(pairs, _mm512_set1_epi16(1));
 #endif
 }
 static inline nc_i32x16 nc_dot4u4_16(nc_i32x16 acc, const int8_t *x, const int8_t *p)
@@ -288,6 +287,67 @@ static inline nc_i32x16 nc_dot4u6_16(nc_i32x16 acc, const int8_t *x, const int8_
     pairs = _mm512_srlv_epi16(pairs, _mm512_set_epi64(6 * c, 6 * c, 4 * c, 4 * c, 2 * c, 2 * c, 0, 0));
     pairs = _mm512_slli_epi16(_mm512_and_si512(pairs, _mm512_set1_epi8(3)), 4);
     return nc_dot4u_bytes_16(acc, x, _mm512_or_si512(nc_nibbles_64(p), pairs));
+}
+#endif
+
+
+/* nc_dot4u{4,5,6}_8(acc, x, p, i): nc_dot4u_8 of the 32 unsigned bytes at byte i of the 8-bit
+ * layout (i a multiple of 32), kept in 4, 5 or 6 bits at p as schedule/narrow.py keeps them: in
+ * 64-byte units of 32, 40 or 48 bytes, the same layout as 16 lanes read. A 32-byte dot product
+ * reads half of a unit: the first half is the nibble bytes' low nibbles (with the fifth bits 0-31,
+ * or the high bit pairs at shifts 0 and 2), the second their high nibbles (bits 32-63, pairs at
+ * shifts 4 and 6). The rebuilt bytes are within [0, 63]: without VNNI vpmaddubsw multiplies them
+ * (unsigned) by x (signed) exactly, 2 * 63 * 127 being far from its int16 pair sums' limit, so no
+ * sign moves onto the weights (nc_dot4_8 needs two instructions more per vector for that). */
+#if defined(__AVX2__)
+static inline nc_i32x8 nc_dot4u_small_8(nc_i32x8 acc, const int8_t *x, __m256i u)
+{
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return (nc_i32x8)_mm256_dpbusd_epi32((__m256i)acc, u, _mm256_set1_epi32(nc_x4(x)));
+#elif defined(__AVXVNNI__)
+    return (nc_i32x8)_mm256_dpbusd_avx_epi32((__m256i)acc, u, _mm256_set1_epi32(nc_x4(x)));
+#else
+    __m256i pairs = _mm256_maddubs_epi16(u, _mm256_set1_epi32(nc_x4(x)));
+    return acc + (nc_i32x8)_mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+#endif
+}
+static inline __m256i nc_nibble_half_8(const int8_t *unit, int64_t half)
+{
+    __m256i nibbles = _mm256_loadu_si256((const __m256i *)unit);
+    return _mm256_and_si256(half ? _mm256_srli_epi16(nibbles, 4) : nibbles, _mm256_set1_epi8(15));
+}
+/* byte b of the result: 16 if bit b of bits is set, else 0 (each 128-bit lane's shuffle spreads
+ * one of bits' bytes over 8 result bytes; each of those keeps its own bit) */
+static inline __m256i nc_fifth_bits_8(uint32_t bits)
+{
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i own = _mm256_set1_epi64x(0x8040201008040201LL);
+    __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread), own);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(b, own), _mm256_set1_epi8(16));
+}
+static inline nc_i32x8 nc_dot4u4_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)
+{
+    return nc_dot4u_small_8(acc, x, nc_nibble_half_8(p + i / 64 * 32, i / 32 % 2));
+}
+static inline nc_i32x8 nc_dot4u5_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)
+{
+    const int8_t *unit = p + i / 64 * 40;
+    int64_t half = i / 32 % 2;
+    uint32_t fifth;
+    memcpy(&fifth, unit + 32 + 4 * half, 4);
+    return nc_dot4u_small_8(acc, x, _mm256_or_si256(nc_nibble_half_8(unit, half), nc_fifth_bits_8(fifth)));
+}
+static inline nc_i32x8 nc_dot4u6_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)
+{
+    const int8_t *unit = p + i / 64 * 48;
+    int64_t half = i / 32 % 2;
+    __m128i pairs = _mm_loadu_si128((const __m128i *)(unit + 32)), three = _mm_set1_epi8(3);
+    /* the 16-bit shifts carry the next byte's bits into a byte's top: the mask drops them */
+    __m128i first = _mm_and_si128(half ? _mm_srli_epi16(pairs, 4) : pairs, three);
+    __m128i second = _mm_and_si128(half ? _mm_srli_epi16(pairs, 6) : _mm_srli_epi16(pairs, 2), three);
+    __m256i high = _mm256_slli_epi16(_mm256_set_m128i(second, first), 4);
+    return nc_dot4u_small_8(acc, x, _mm256_or_si256(nc_nibble_half_8(unit, half), high));
 }
 #endif
 

@@ -1,6 +1,7 @@
 """Narrow weights (schedule/narrow.py): a GGUF's 5-bit values kept in 5 bits (and values that fit
-4 or 6 bits in 4 or 6), read by 16-lane dot products that rebuild them exactly; bitwise against the
-interpreter like every int8 kernel."""
+4 or 6 bits in 4 or 6), read by 16-lane dot products (a 64-byte unit) and 8-lane ones (half a
+unit: AVX2 and AVX-VNNI) that rebuild them exactly; bitwise against the interpreter like every int8
+kernel, at every level this CPU runs."""
 import numpy as np
 import pytest
 from helpers import graph_kernels, require_lanes
@@ -75,20 +76,24 @@ def test_four_and_six_bits_round_trip_and_refuse_a_bit_more(bits):
 
 @pytest.mark.parametrize("columns, rows", [(1, 0), (4, 0), (2, 3), (4, 3)])
 @pytest.mark.parametrize("bits, offset, low, high", NARROW)
-def test_narrow_dot_kernels_are_bitwise(bits, offset, low, high, columns, rows):
+@pytest.mark.parametrize("lanes", [16, 8])
+def test_narrow_dot_kernels_are_bitwise(lanes, bits, offset, low, high, columns, rows, monkeypatch):
     """Column vectors and row tiles as the recipes make them, on widths with a shorter last block
     (70: the padding's zeros are stored as the offset and subtracted back), at 1, 2, 3 and 8
-    threads; without an offset nothing is subtracted."""
-    require_lanes(16)
+    threads; without an offset nothing is subtracted. 8 lanes are built for AVX2 (x86-64-v3), where
+    vpmaddubsw multiplies the rebuilt bytes; on a CPU with AVX-VNNI also for x86-64-v3+vnni."""
+    require_lanes(lanes)
+    if lanes == 8:
+        monkeypatch.setenv("NANOCOMPILE_MARCH", "x86-64-v3")
     g = projection_graph(70, 128)
     w = narrow_weights(96, 128, seed=columns, low=low, high=high)
     w["wq"][:, 70:] = 0  # the graph's padding: zeros past the row's end
     tile = [Reorder("i0", "i1"), Split("i0", rows), UnrollJam("i0i", rows)] if rows else []
-    schedule = tuple([Vectorize("i1", 16), DotProduct("j", 4)] + ([UnrollJam("i1", columns)] if columns > 1 else []) +
-                     [Pack("p2", 96, 16 * columns, 4, offset, bits), Pack("p4", 3, 16 * columns)] + tile +
+    schedule = tuple([Vectorize("i1", lanes), DotProduct("j", 4)] + ([UnrollJam("i1", columns)] if columns > 1 else [])
+                     + [Pack("p2", 96, lanes * columns, 4, offset, bits), Pack("p4", 3, lanes * columns)] + tile +
                      [Parallel("i1")])
     lib = GraphLibrary(g, fuse=True, schedule=lambda k: schedule if k.op == "block_matmul" else ())
-    assert f"nc_dot4u{bits}_16(" in lib.source and "nc_dot4u_16(" not in lib.source
+    assert f"nc_dot4u{bits}_{lanes}(" in lib.source and f"nc_dot4u_{lanes}(" not in lib.source
     assert ("nc_sum_i8(" in lib.source) == bool(offset)  # the offset's correction
     check_bitwise(lib, g, w, np.random.default_rng(columns + rows))
 
@@ -107,21 +112,24 @@ def test_narrow_weights_read_outside_dot_products_are_rebuilt_byte_by_byte(bits,
     check_bitwise(lib, g, w, np.random.default_rng(7), threads=(1, 3))
 
 
-def test_narrow_bits_are_read_by_sixteen_lane_dot_products_only():
+def test_narrow_bits_are_read_by_vector_dot_products_only():
     g = projection_graph(64, 64)
     k = next(k for k in graph_kernels(g).values() if k.op == "block_matmul")
     with pytest.raises(ScheduleError, match="outside a dot product"):
         apply(k, (Vectorize("i1", 16), Pack("p2", 64, 16, 1, 16, 5)))
-    with pytest.raises(ScheduleError, match="blocks of a multiple of 16 rows"):  # 8 lanes: 32-byte units
-        apply(k, (Vectorize("i1", 8), DotProduct("j", 4), Pack("p2", 64, 8, 4, 16, 5), Pack("p4", 2, 8)))
+    with pytest.raises(ScheduleError, match="blocks of a multiple of 8 rows"):  # a dot product reads 32 bytes or 64
+        apply(k, (DotProduct("j", 4), Pack("p2", 64, 4, 4, 16, 5), Pack("p4", 2, 4)))
     with pytest.raises(ScheduleError, match="only 4, 5 or 6, with groups of 4"):
         apply(k, (Vectorize("i1", 16), DotProduct("j", 4), Pack("p2", 64, 16, 4, 16, 3)))
     with pytest.raises(ScheduleError, match="only 4, 5 or 6, with groups of 4"):
         apply(k, (Pack("p2", 64, 16, 1, 0, 4),))
-    with pytest.raises(ScheduleError, match="in 4 bits is read by dot products in 16 lanes only"):  # no offset
+    with pytest.raises(ScheduleError, match="in 4 bits is read by dot products in 8 or 16 lanes only"):  # scalar
         apply(k, (DotProduct("j", 4), Pack("p2", 64, 16, 4, 0, 4)))
-    with pytest.raises(ScheduleError, match="in 6 bits is read by dot products in 16 lanes only"):
-        apply(k, (DotProduct("j", 4), Pack("p2", 64, 16, 4, 32, 6)))
+    with pytest.raises(ScheduleError, match="in 6 bits is read by dot products in 8 or 16 lanes only"):
+        apply(k, (DotProduct("j", 4), Pack("p2", 64, 8, 4, 32, 6)))
+    text = "\n".join(str(d) for d in apply(k, (Vectorize("i1", 8), DotProduct("j", 4),
+                                               Pack("p2", 64, 8, 4, 16, 5), Pack("p4", 2, 8))).schedule)
+    assert "Pack(p2, 64, 8, 4, offset=16, bits=5)" in text
     text = "\n".join(str(d) for d in apply(k, (Vectorize("i1", 16), DotProduct("j", 4),
                                                Pack("p2", 64, 16, 4, 16, 5), Pack("p4", 2, 16))).schedule)
     assert "Pack(p2, 64, 16, 4, offset=16, bits=5)" in text

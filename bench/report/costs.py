@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from bench.report.child import run_worker
-from bench.report.engines import BY_ID
+from bench.report.engines import engine_named
 from bench.report.runners import open_runner
 
 
@@ -58,7 +58,7 @@ def nanocompile_cold(spec: dict) -> dict:
     clock = Stopwatch()
     model = load_model(spec["files"]["source"], progress=False)
     clock.lap("load")
-    opened = open_model(model, BY_ID[spec["engine"]].weights)  # native: its 4-6-bit and K-format blocks kept so
+    opened = open_model(model, engine_named(spec["engine"]).weights)  # native: its 4-6-bit and K-format blocks kept so
     module = opened.compile()
     clock.lap("pipeline")
     lib, manifest = find_or_build(module)
@@ -89,7 +89,7 @@ def nanocompile_cached(spec: dict) -> dict:
     model = load_model(spec["files"]["source"], progress=False)
     clock.lap("load")
     session = open_session(model, "compiled", n_ctx=spec["n_ctx"], threads=spec["threads"],
-                           precision=BY_ID[spec["engine"]].weights)
+                           precision=engine_named(spec["engine"]).weights)
     clock.lap("open session")
     session.step([0])
     clock.lap("first token")
@@ -98,7 +98,7 @@ def nanocompile_cached(spec: dict) -> dict:
 
 def peer_start(spec: dict, cold: bool) -> dict:
     """llama.cpp (cold: its GGUF written first) and transformers: open the engine, one token."""
-    engine, files = BY_ID[spec["engine"]], dict(spec["files"])
+    engine, files = engine_named(spec["engine"]), dict(spec["files"])
     clock, disk = Stopwatch(), {}
     if cold and engine.family == "llama.cpp" and engine.weights in ("f32", "q8_0"):
         from bench.support.peer import requantized
@@ -117,7 +117,7 @@ def peer_start(spec: dict, cold: bool) -> dict:
 
 def work(spec: dict) -> dict:
     cold = spec["phase"] == "cold"
-    if BY_ID[spec["engine"]].family == "nanocompile":
+    if engine_named(spec["engine"]).family == "nanocompile":
         return nanocompile_cold(spec) if cold else nanocompile_cached(spec)
     return peer_start(spec, cold)
 

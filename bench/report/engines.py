@@ -2,7 +2,10 @@
 entry here; an engine that cannot run on this install still gets its row, saying why."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import os
+import sys
 from dataclasses import dataclass
 
 
@@ -16,6 +19,7 @@ class Engine:
     kv_bytes: int          # bytes per cached K or V element (llama.cpp keeps F16)
     peer: str | None = None  # the engine of the same precision that nanocompile is judged against
     issue: str | None = None  # what must land before it exists
+    build: str | None = None  # built otherwise than for this CPU: nanocompile's x86-64 level, llama.cpp's "avx2"
 
 
 ENGINES = (
@@ -37,6 +41,37 @@ _NEEDS = {"llama.cpp": ("llama_cpp", "llama-cpp-python (pip install '.[bench]')"
           "transformers": ("transformers", "transformers and torch (pip install '.[test]')")}
 
 
+# llama-cpp-python built with GGML_NATIVE=OFF and AVX, AVX2, FMA and F16C only, in an interpreter of
+# its own (docs/BENCHMARKS.md says how to make one): the AVX2 peer on a machine with AVX-512
+AVX2_PYTHON = "NANOCOMPILE_BENCH_AVX2_PYTHON"
+BUILDS = {"nanocompile": ("x86-64-v3", "x86-64-v4", "x86-64-v3+vnni", "x86-64-v4+vnni"), "llama.cpp": ("avx2",)}
+
+
+def engine_named(name: str) -> Engine:
+    """An engine by id, or by id@build for one built otherwise: nc-native@x86-64-v3 (the library
+    built for AVX2, NANOCOMPILE_MARCH), llama-file@avx2 (llama.cpp built for AVX2 only)."""
+    base, _, build = name.partition("@")
+    if base not in BY_ID:
+        raise SystemExit(f"unknown engine {base!r}; known: {', '.join(BY_ID)}")
+    engine = BY_ID[base]
+    if not build:
+        return engine
+    if build not in BUILDS.get(engine.family, ()):
+        raise SystemExit(f"{name}: {engine.family} engines are built for "
+                         f"{', '.join(BUILDS.get(engine.family, ())) or 'this CPU only'}, not {build!r}")
+    return dataclasses.replace(engine, id=name, label=f"{engine.label}, {build} build", build=build,
+                               peer=engine.peer and f"{engine.peer}@avx2")
+
+
+def launch(engine: Engine) -> tuple[str, dict]:
+    """The interpreter a worker of this engine runs in and what its environment adds."""
+    if engine.build and engine.family == "nanocompile":
+        return sys.executable, {"NANOCOMPILE_MARCH": engine.build}
+    if engine.build == "avx2":
+        return os.environ[AVX2_PYTHON], {}
+    return sys.executable, {}
+
+
 def nanocompile_precisions() -> tuple[str, ...]:
     from nanocompile.engine.precision import PRECISIONS
 
@@ -45,6 +80,17 @@ def nanocompile_precisions() -> tuple[str, ...]:
 
 def missing(engine: Engine) -> str | None:
     """Why engine cannot run here (None: it can)."""
+    if engine.build and engine.family == "nanocompile":
+        from nanocompile.target import cpu_flags, level_flags
+
+        lacking = sorted(set(level_flags(engine.build)) - cpu_flags())
+        if lacking:
+            return f"this CPU cannot run {engine.build} code: it lacks {', '.join(lacking)}"
+    if engine.build == "avx2":
+        python = os.environ.get(AVX2_PYTHON)
+        if not python or not os.path.exists(python):
+            return f"no AVX2-only llama-cpp-python: set {AVX2_PYTHON} to its interpreter"
+        return None
     if engine.family == "nanocompile":
         if engine.weights not in nanocompile_precisions():
             return f"not built (issue {engine.issue})" if engine.issue else f"no precision {engine.weights}"

@@ -97,8 +97,10 @@ def thread_env(threads: int) -> dict:
     return {var: str(threads) for var in THREAD_VARS}
 
 
-def run_worker(run: Run, module: str, spec: dict, threads: int, env: dict | None = None) -> dict:
-    """Runs bench.report.<module> on spec in a process of its own; its result, or WorkerError."""
+def run_worker(run: Run, module: str, spec: dict, threads: int, env: dict | None = None,
+               python: str = sys.executable) -> dict:
+    """Runs bench.report.<module> on spec in a process of its own (in another interpreter, for a
+    peer built otherwise); its result, or WorkerError."""
     work = run.dir / "work"
     work.mkdir(exist_ok=True)
     spec_path, out_path = work / "spec.json", work / "out.json"
@@ -106,7 +108,7 @@ def run_worker(run: Run, module: str, spec: dict, threads: int, env: dict | None
     out_path.unlink(missing_ok=True)
     child_env = {**os.environ, **thread_env(threads), **(env or {})}
     try:
-        r = subprocess.run([sys.executable, "-m", f"bench.report.{module}", str(spec_path), str(out_path)], cwd=ROOT,
+        r = subprocess.run([python, "-m", f"bench.report.{module}", str(spec_path), str(out_path)], cwd=ROOT,
                            env=child_env, capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise WorkerError(f"bench.report.{module} took more than {TIMEOUT_S} s") from None
@@ -116,13 +118,14 @@ def run_worker(run: Run, module: str, spec: dict, threads: int, env: dict | None
     return json.loads(out_path.read_text())
 
 
-def job(run: Run, key: str, module: str, spec: dict, threads: int, env: dict | None = None):
+def job(run: Run, key: str, module: str, spec: dict, threads: int, env: dict | None = None,
+        python: str = sys.executable):
     """The recorded result of key, or runs the worker and records what it gives (None if it failed)."""
     if run.done(key):
         return run.result(key)
     run.say(f"{key} ...")
     try:
-        result = run_worker(run, module, spec, threads, env)
+        result = run_worker(run, module, spec, threads, env, python)
     except WorkerError as e:
         run.put(key, error=str(e))
         run.say(f"{key} FAILED: {e}")

@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from bench.report.child import run_worker
-from bench.report.engines import BY_ID
+from bench.report.engines import engine_named
 from bench.report.runners import open_runner
 from bench.support.measure import timed_run
 
@@ -43,7 +43,7 @@ WARMUP = ({"kind": "pp", "n": 16, "start": 0, "name": "warm-up prompt"},
 
 
 def work(spec: dict) -> dict:
-    engine = BY_ID[spec["engine"]]
+    engine = engine_named(spec["engine"])
     start = time.perf_counter()
     runner = open_runner(engine, spec["files"], spec["n_ctx"], spec["threads"])
     opened = time.perf_counter()

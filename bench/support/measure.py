@@ -11,7 +11,6 @@ import statistics
 import time
 from pathlib import Path
 
-from nanocompile.tune.search import sign_test  # one exact sign test for the tuner and the benchmarks
 
 RESULTS = Path(__file__).resolve().parents[1] / "results.jsonl"
 THREADS = 2
@@ -78,6 +77,8 @@ def append(record: dict, path: Path = RESULTS) -> None:
 
 def two_sided_sign_test(wins: int, n: int) -> float:
     """P of a split at least this uneven if each round were a coin toss (ties dropped before)."""
+    from nanocompile.tune.search import sign_test  # one exact sign test for the tuner and the benchmarks
+
     if n == 0:
         return 1.0
     return min(1.0, 2 * min(sign_test(wins, n), sign_test(n - wins, n)))

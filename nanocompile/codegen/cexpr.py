@@ -237,6 +237,11 @@ class VectorC:
             if (e.b_offset or e.b_bits != 8) and w is not e.b:
                 raise TypeError(f"the unsigned operand {e.b.param} of a dot product is the same in every lane")
             helper = "nc_dot4u" if e.b_offset else "nc_dot4"  # u: w's bytes multiplied unsigned
+            if e.b_bits != 8 and self.lanes == 8:  # half a 64-byte unit: the helper finds it from the 8-bit index
+                terms, const = linear(w.index)
+                terms.pop(Lane(), None)
+                return (f"nc_dot4u{e.b_bits}_8({self.splat(e.acc)}, {self.address(x.param, x.index)}, {w.param}, "
+                        f"{c(build(terms, const), False)})")
             if e.b_bits != 8:  # 64 bytes kept in 8 * bits (schedule/narrow.py): the 8-bit index times bits/8
                 return (f"nc_dot4u{e.b_bits}_{self.lanes}({self.splat(e.acc)}, {self.address(x.param, x.index)}, "
                         f"{self.address(w.param, w.index, e.b_bits, 8)})")

@@ -109,9 +109,9 @@ def pack(k: Kernel, d: Pack) -> tuple:
                                 f"{param.dtype} {param.access} buffer")
         body = unsigned_reads(k, d.param, d.offset, body)
     if d.bits != 8:
-        if d.bits not in BITS or d.group != 4 or d.block * d.group % UNIT:
+        if d.bits not in BITS or d.group != 4 or d.block * d.group % (UNIT // 2):
             raise ScheduleError(f"{k.name}: Pack({d.param}) in {d.bits} bits: only 4, 5 or 6, with groups of 4 and "
-                                f"blocks of a multiple of {UNIT // 4} rows")
+                                f"blocks of a multiple of {UNIT // 8} rows")
         if param.dtype != "i8" or param.access != "read":
             raise ScheduleError(f"{k.name}: Pack({d.param}) in {d.bits} bits stores int8 weights; {d.param} is a "
                                 f"{param.dtype} {param.access} buffer")

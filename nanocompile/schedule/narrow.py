@@ -10,7 +10,11 @@ enough: every 64 bytes of the 8-bit layout (one 16-lane dot product's weights) a
 so decode reads 22 bytes per 32 weights with their float16 scale, as the file does, instead of 34.
 nc_dot4u5_16 rebuilds the 64 bytes (two masks, a shift, a masked add of 16) and multiplies them as
 nc_dot4u_16 does; the result is the same int32 sum, bit for bit. The index a Dot keeps is the
-8-bit layout's: a 64-byte unit u lives at 40 * u, which the C renders as index * 5 / 8.
+8-bit layout's: a 64-byte unit u lives at 40 * u, which the C renders as index * 5 / 8. An 8-lane
+dot product reads 32 bytes, half a unit (the nibbles' low or high halves, and the matching half
+of the fifth bits): nc_dot4u5_8 takes the 8-bit index and finds its unit and half, so the same
+layout serves AVX2 and AVX-VNNI as AVX-512 (the rebuilt bytes, at most 63, are multiplied exactly
+by vpmaddubsw where there is no VNNI).
 
 Bytes within [0, 15] keep the 32 nibble bytes alone (4 bits); bytes within [0, 63] keep them and
 16 bytes of high bit pairs, byte i holding bytes i, i + 16, i + 32 and i + 48's in its bits 0-1,
@@ -27,9 +31,9 @@ from ..loopir.ir import Cast, Dot, Kernel, Lane, Load, Loop, NarrowByte
 from ..loopir.traverse import statements_in_loops, walk
 from .directives import ScheduleError
 
-UNIT = 64         # bytes of the 8-bit layout one 16-lane dot product reads
+UNIT = 64         # bytes of the 8-bit layout kept together (one 16-lane dot product reads a unit)
 BITS = (4, 5, 6)  # the narrow widths a Pack keeps
-LANES = 16
+LANES = (8, 16)   # the dot products that read narrow weights: a half unit (AVX2, AVX-VNNI) or a whole one
 
 
 def unit_bytes(bits: int) -> int:
@@ -46,8 +50,8 @@ def narrow_reads(k: Kernel, param: str, body: tuple, bits: int, offset: int) -> 
     """body with the dot products reading param marked `bits`-bit (param on their unsigned side)
     and its other reads rebuilt one byte at a time (a gather of an embedding row): with an offset,
     the unsigned bytes schedule/unsigned.py corrects; with none, the int8 values themselves. A read
-    in vector lanes outside a dot product, and a dot product outside 16 lanes or not at a whole
-    unit, is refused."""
+    in vector lanes outside a dot product, and a dot product outside 8 or 16 lanes or not at the
+    start of its 32 or 64 bytes, is refused."""
     for s, around in statements_in_loops(body):
         if isinstance(s, Loop):  # its statements come on their own
             continue
@@ -56,14 +60,15 @@ def narrow_reads(k: Kernel, param: str, body: tuple, bits: int, offset: int) -> 
                   and not any(n is _weight(d, param) for d in dots)]
         if others and any(lp.lanes for lp in around):
             raise ScheduleError(f"{k.name}: {param} in {bits} bits is read in vector lanes outside a dot product")
-        if dots and not any(lp.lanes == LANES for lp in around):
-            raise ScheduleError(f"{k.name}: {param} in {bits} bits is read by dot products in {LANES} lanes only")
+        lanes = next((lp.lanes for lp in around if lp.lanes), 0)
+        if dots and lanes not in LANES:
+            raise ScheduleError(f"{k.name}: {param} in {bits} bits is read by dot products in 8 or 16 lanes only")
         for d in dots:
             terms, const = linear(_weight(d, param).index)
-            lane = terms.pop(Lane(), 0)
-            if (offset and not d.b_offset) or lane != d.width or const % UNIT or any(c % UNIT for c in terms.values()):
-                raise ScheduleError(f"{k.name}: a dot product reads {param} in {bits} bits away from the start of a "
-                                    f"{UNIT}-byte unit")
+            lane, read = terms.pop(Lane(), 0), d.width * lanes  # the bytes one dot product reads
+            if (offset and not d.b_offset) or lane != d.width or const % read or any(c % read for c in terms.values()):
+                raise ScheduleError(f"{k.name}: a dot product reads {param} in {bits} bits away from the start of "
+                                    f"its {read} bytes")
     return tuple(_narrowed(s, param, bits, offset) for s in body)
 
 

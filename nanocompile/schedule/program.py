@@ -14,7 +14,7 @@ from ..loopir.ir import Kernel, format_kernel
 from .apply import apply, first_legal, is_legal
 from .blocking import weight_layouts
 from .directives import Pack
-from .recipes import default_schedule
+from .recipes import NARROW_LANES, default_schedule
 
 
 def weight_params(kernels: dict[str, Kernel], programs, kind: str = "weight") -> dict[str, frozenset]:
@@ -131,7 +131,7 @@ def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=No
     embedding's gather does not: such a buffer stays 8-bit); a kernel called on weights stored
     differently is split first (split_by_storage)."""
     programs = list(programs)
-    narrow = dict(narrow or {})
+    narrow = dict(narrow or {}) if lanes in NARROW_LANES else {}  # scalar code reads every weight in 8 bits
     split_by_storage(kernels, programs, narrow)
     weights = weight_params(kernels, programs)
     state = weight_params(kernels, programs, "state")

@@ -60,7 +60,7 @@ TILES_INT8 = {16: (6, 48, (2, 4, 1)), 8: (2, 8, (4, 2, 1))}
 # (1.2 MiB) -> 2 vectors x 12 rows, measured in the model's prefill profile (docs/SCHEDULES.md).
 PANEL_BYTES = 768 * 1024
 SUPERBLOCK_BUDGET = {16: 24, 8: 8}  # registers for a superblock projection's long-lived sums, by lanes
-NARROW_LANES = 16  # weights in 4-6 bits: read by 16-lane dot products only (schedule/narrow.py)
+NARROW_LANES = (8, 16)  # weights in 4-6 bits: read by 8- and 16-lane dot products (schedule/narrow.py)
 SUPERBLOCK_ROWS = 6  # the most prefill rows a superblock projection's tile holds
 ATTENTION_ROWS = 8  # query rows unrolled and jammed in attention when they are not a multiple of a group
 SCORE_VECTORS = 4   # vectors of keys per block of stored keys (independent sums in attention's scores)
@@ -347,7 +347,7 @@ def _quantized_projection(col: Loop, row, elements: int, products: str, lanes: i
                           dot_offset: int, columns: int, rows: int, narrow: dict | None) -> list:
     """block_projection's directives for quants in rows of `elements` and scales [(param, row)]."""
     narrow = narrow or {}
-    fewer = lanes == NARROW_LANES and dot_offset > 0  # vpdpbusd on unsigned bytes
+    fewer = lanes in NARROW_LANES  # unsigned bytes within [0, 63]: vpdpbusd, or vpmaddubsw exactly
     packs = [Pack(p, elements, lanes * columns, 4, narrow[p][1], narrow[p][0]) if fewer and p in narrow else
              Pack(p, elements, lanes * columns, 4, dot_offset) for p in quants] + \
         [Pack(p, n, lanes * columns) for p, n in scales]
