@@ -12,7 +12,7 @@ from nanocompile.compiler.driver import compile_program
 from nanocompile.ir import PAST, SEQ, GraphBuilder
 from nanocompile.ir.expr import evaluate_shape
 from nanocompile.ir.signature import StepProgram, plain_signature
-from nanocompile.target import cpu_flags, detect_march, level_flags, vector_lanes
+from nanocompile.target import cpu_flags, detect_march, level_flags, missing_flags, vector_lanes
 
 THREADS = (1, 2, 3, 8)
 EPS = np.finfo(np.float32).eps
@@ -36,6 +36,33 @@ def require_level(march: str) -> None:
     missing = sorted(set(level_flags(march)) - cpu_flags())
     if missing:
         pytest.skip(f"this CPU cannot run {march} code: it lacks {', '.join(missing)}")
+
+
+EVEX_VNNI = {"avx512_vnni", "avx512vl"}  # vpdpbusd on 256-bit vectors in its AVX-512 encoding
+
+
+def use_target(march: str, monkeypatch) -> None:
+    """Builds for march from here on (NANOCOMPILE_MARCH), or skips, saying why. x86-64-v3+vnni
+    (AVX-VNNI: vpdpbusd at 8 lanes) is also built on a CPU with AVX-512 VNNI and VL but no AVX-VNNI:
+    the same instruction in its EVEX encoding (-mavx512vnni -mavx512vl, which nc_vector.h takes
+    first), so the 8-lane VNNI kernels are tested there too."""
+    import nanocompile.target as target
+    from nanocompile.codegen import render
+    from nanocompile.compiler import graph_library
+
+    flags = target.cpu_flags()
+    if march == "x86-64-v3+vnni" and march not in target.runnable_targets() and EVEX_VNNI <= flags:
+        monkeypatch.setattr(target, "cpu_flags", lambda: flags | {"avx_vnni"})
+        own = target.compiler_flags
+
+        def evex(m: str) -> list[str]:
+            return [f for flag in own(m) for f in (("-mavx512vnni", "-mavx512vl") if flag == "-mavxvnni" else (flag,))]
+
+        monkeypatch.setattr(graph_library, "compiler_flags", evex)
+        monkeypatch.setattr(render, "compiler_flags", evex)
+    elif march not in target.runnable_targets():
+        pytest.skip(f"this CPU cannot run {march} code: it lacks {', '.join(missing_flags(level_flags(march)))}")
+    monkeypatch.setenv("NANOCOMPILE_MARCH", march)
 
 
 def require_lanes(lanes: int) -> None:

@@ -11,7 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 from bench.support.tiny import random_weights, tiny_config
-from helpers import THREADS, graph_kernels, greedy_run, make_graph
+from helpers import THREADS, graph_kernels, greedy_run, make_graph, use_target
 
 from nanocompile.codegen.options import DEFAULT_CHUNK
 from nanocompile.compiler.graph_library import GraphLibrary
@@ -29,11 +29,6 @@ pytestmark = pytest.mark.c
 
 TARGETS = ["x86-64-v4+vnni", "x86-64-v4", "x86-64-v3+vnni", "x86-64-v3", "x86-64"]
 ENVS = [{"seq": s, "past": p} for s in (1, 3, 7) for p in (0, 5)]
-
-
-def require_target(march):
-    if march not in runnable_targets():
-        pytest.skip(f"this CPU cannot run {march} code")
 
 
 def projection_graph(k, n):
@@ -105,8 +100,7 @@ def test_quantized_activations_follow_the_definition():
 def test_vector_dot_kernels_are_bitwise_at_every_target(march, monkeypatch):
     """The int8 recipe's kernel (vector lanes over columns, dot products of 4, packed weights)
     and a hand-made schedule with one column vector, at each target's lanes."""
-    require_target(march)
-    monkeypatch.setenv("NANOCOMPILE_MARCH", march)
+    use_target(march, monkeypatch)
     lanes = vector_lanes(march)
     g = projection_graph(70, 64)
     w = weights(70, 64, seed=3)
@@ -129,8 +123,7 @@ def test_quantization_kernels_on_vector_lanes(march, monkeypatch):
     (LaneReduce), and the quants are converted and stored 8 or 16 at a time (vcvttps2dq, then
     vpmovdb or two saturating packs); bitwise as the scalar code, and a NaN in a block propagates
     to its scale (which NaN is not part of reduce_max's definition)."""
-    require_target(march)
-    monkeypatch.setenv("NANOCOMPILE_MARCH", march)
+    use_target(march, monkeypatch)
     lanes = vector_lanes(march)
     g = projection_graph(64, 32)
     lib = GraphLibrary(g, fuse=True, schedule="default")
@@ -199,8 +192,7 @@ def test_pack_array_offset_stores_unsigned_bytes():
 def test_extreme_blocks_do_not_saturate(march, monkeypatch):
     """Blocks of all +127 and all -127 against weights of all +127 and -127: every pair sum of
     vpmaddubsw is 2 * 127 * 127 = 32258 < 32767, and each block's sum 32 * 127^2 is exact."""
-    require_target(march)
-    monkeypatch.setenv("NANOCOMPILE_MARCH", march)
+    use_target(march, monkeypatch)
     g = projection_graph(64, 32)
     lib = GraphLibrary(g, fuse=True, schedule="default")
     wq = np.full((32, 64), 127, np.int8)

@@ -4,7 +4,7 @@ unit: AVX2 and AVX-VNNI) that rebuild them exactly; bitwise against the interpre
 kernel, at every level this CPU runs."""
 import numpy as np
 import pytest
-from helpers import graph_kernels, require_lanes
+from helpers import graph_kernels, use_target
 from test_int8 import check_bitwise, projection_graph
 
 from nanocompile.compiler.graph_library import GraphLibrary
@@ -12,6 +12,7 @@ from nanocompile.schedule import DotProduct, Pack, Parallel, ScheduleError, Spli
 from nanocompile.schedule.blocking import pack_array
 from nanocompile.schedule.directives import Reorder
 from nanocompile.schedule.narrow import narrow_bytes, widen_bytes
+from nanocompile.target import vector_lanes
 
 pytestmark = pytest.mark.c
 
@@ -76,15 +77,14 @@ def test_four_and_six_bits_round_trip_and_refuse_a_bit_more(bits):
 
 @pytest.mark.parametrize("columns, rows", [(1, 0), (4, 0), (2, 3), (4, 3)])
 @pytest.mark.parametrize("bits, offset, low, high", NARROW)
-@pytest.mark.parametrize("lanes", [16, 8])
-def test_narrow_dot_kernels_are_bitwise(lanes, bits, offset, low, high, columns, rows, monkeypatch):
+@pytest.mark.parametrize("march", ["x86-64-v4+vnni", "x86-64-v4", "x86-64-v3+vnni", "x86-64-v3"])
+def test_narrow_dot_kernels_are_bitwise(march, bits, offset, low, high, columns, rows, monkeypatch):
     """Column vectors and row tiles as the recipes make them, on widths with a shorter last block
     (70: the padding's zeros are stored as the offset and subtracted back), at 1, 2, 3 and 8
-    threads; without an offset nothing is subtracted. 8 lanes are built for AVX2 (x86-64-v3), where
-    vpmaddubsw multiplies the rebuilt bytes; on a CPU with AVX-VNNI also for x86-64-v3+vnni."""
-    require_lanes(lanes)
-    if lanes == 8:
-        monkeypatch.setenv("NANOCOMPILE_MARCH", "x86-64-v3")
+    threads; without an offset nothing is subtracted. At every level with vector dot products:
+    vpdpbusd (VNNI) or vpmaddubsw multiplies the rebuilt bytes, at 16 lanes and at 8."""
+    use_target(march, monkeypatch)
+    lanes = vector_lanes(march)
     g = projection_graph(70, 128)
     w = narrow_weights(96, 128, seed=columns, low=low, high=high)
     w["wq"][:, 70:] = 0  # the graph's padding: zeros past the row's end

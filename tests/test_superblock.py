@@ -5,8 +5,8 @@ every target this CPU runs, and the quants kept in the fewest bits the format al
 schedule/narrow.py) where 16 lanes take them, at 1, 2, 3 and 8 threads with guard regions."""
 import numpy as np
 import pytest
-from helpers import THREADS, make_graph, superblock_values
-from test_int8 import TARGETS, activations, require_target
+from helpers import THREADS, make_graph, superblock_values, use_target
+from test_int8 import TARGETS, activations
 
 from nanocompile.compiler.graph_library import GraphLibrary
 from nanocompile.frontend import nn
@@ -125,8 +125,7 @@ def test_scalar_kernels_are_bitwise(name):
 def test_recipe_kernels_are_bitwise_at_every_target(march, name, monkeypatch):
     """The recipe (columns in lanes, dot products of 4, quants packed in 8 bits, sub-scales and
     super-scales packed so the lanes' are adjacent), on two super-blocks and on one."""
-    require_target(march)
-    monkeypatch.setenv("NANOCOMPILE_MARCH", march)
+    use_target(march, monkeypatch)
     lanes = vector_lanes(march)
     for k in (512, 256):
         fmt, _, w = weights_of(name, k=k, seed=5)
