@@ -58,13 +58,6 @@
         for (int l = 0; l < L; ++l)                                                                 \
             v[l] = first + l;                                                                       \
         return v;                                                                                   \
-    }                                                                                               \
-    static inline nc_i32x##L nc_load_i8_##L(const int8_t *p)                                          \
-    {                                                                                               \
-        typedef int8_t bytes __attribute__((vector_size(L), aligned(1)));                           \
-        bytes b;                                                                                    \
-        memcpy(&b, p, L);                                                                           \
-        return __builtin_convertvector(b, nc_i32x##L);                                              \
     }
 
 /* nc_expfL(x): nc_expf (nc_runtime.h) on every lane, the same operations in the same order. */
@@ -99,6 +92,12 @@ static inline nc_f32x8 nc_load_f16_8(const _Float16 *p)
 {
     return (nc_f32x8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
+/* int8 -> int32, sign-extended (vpmovsxbd: GCC's generic conversion of a byte vector extracts
+ * the bytes one by one) */
+static inline nc_i32x8 nc_load_i8_8(const int8_t *p)
+{
+    return (nc_i32x8)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
 /* nc_store_i8_L(p, v): each lane converted to int8 as C converts a float (truncation; the values
  * stored are quantized, integral and within [-127, 127], where saturating packs change nothing) */
 static inline void nc_store_i8_8(int8_t *p, nc_f32x8 v)
@@ -115,6 +114,10 @@ NC_EXP(16)
 static inline nc_f32x16 nc_load_f16_16(const _Float16 *p)
 {
     return (nc_f32x16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+static inline nc_i32x16 nc_load_i8_16(const int8_t *p)
+{
+    return (nc_i32x16)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
 }
 static inline void nc_store_i8_16(int8_t *p, nc_f32x16 v)
 {
@@ -268,25 +271,51 @@ static inline nc_i32x16 nc_dot4u_bytes_16(nc_i32x16 acc, const int8_t *x, __m512
     return acc + (nc_i32x16)_mm512_madd_epi16(pairs, _mm512_set1_epi16(1));
 #endif
 }
-static inline nc_i32x16 nc_dot4u4_16(nc_i32x16 acc, const int8_t *x, const int8_t *p)
+static inline __m512i nc_bytes4_16(const int8_t *p)
 {
-    return nc_dot4u_bytes_16(acc, x, nc_nibbles_64(p));
+    return nc_nibbles_64(p);
 }
-static inline nc_i32x16 nc_dot4u5_16(nc_i32x16 acc, const int8_t *x, const int8_t *p)
+static inline __m512i nc_bytes5_16(const int8_t *p)
 {
     __mmask64 fifth;
     memcpy(&fifth, p + 32, 8);
     __m512i u = nc_nibbles_64(p);
-    u = _mm512_mask_add_epi8(u, fifth, u, _mm512_set1_epi8(16));
-    return nc_dot4u_bytes_16(acc, x, u);
+    return _mm512_mask_add_epi8(u, fifth, u, _mm512_set1_epi8(16));
 }
-static inline nc_i32x16 nc_dot4u6_16(nc_i32x16 acc, const int8_t *x, const int8_t *p)
+static inline __m512i nc_bytes6_16(const int8_t *p)
 {
     const long long c = 0x0001000100010001LL; /* a count in each 16-bit element */
     __m512i pairs = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 32)));
     pairs = _mm512_srlv_epi16(pairs, _mm512_set_epi64(6 * c, 6 * c, 4 * c, 4 * c, 2 * c, 2 * c, 0, 0));
     pairs = _mm512_slli_epi16(_mm512_and_si512(pairs, _mm512_set1_epi8(3)), 4);
-    return nc_dot4u_bytes_16(acc, x, _mm512_or_si512(nc_nibbles_64(p), pairs));
+    return _mm512_or_si512(nc_nibbles_64(p), pairs);
+}
+static inline nc_i32x16 nc_dot4u4_16(nc_i32x16 acc, const int8_t *x, const int8_t *p)
+{
+    return nc_dot4u_bytes_16(acc, x, nc_bytes4_16(p));
+}
+static inline nc_i32x16 nc_dot4u5_16(nc_i32x16 acc, const int8_t *x, const int8_t *p)
+{
+    return nc_dot4u_bytes_16(acc, x, nc_bytes5_16(p));
+}
+static inline nc_i32x16 nc_dot4u6_16(nc_i32x16 acc, const int8_t *x, const int8_t *p)
+{
+    return nc_dot4u_bytes_16(acc, x, nc_bytes6_16(p));
+}
+/* nc_unpack{4,5,6}_16(dst, p, i, n): the n bytes from byte i of the 8-bit layout (both multiples
+ * of 64) rebuilt from their units at p into dst (64-byte aligned), read by nc_dot4us_16 */
+#define NC_UNPACK_16(bits)                                                                      \
+    static inline void nc_unpack##bits##_16(int8_t *dst, const int8_t *p, int64_t i, int64_t n) \
+    {                                                                                           \
+        for (int64_t b = 0; b < n; b += 64)                                                     \
+            _mm512_store_si512(dst + b, nc_bytes##bits##_16(p + (i + b) / 64 * (8 * bits)));    \
+    }
+NC_UNPACK_16(4)
+NC_UNPACK_16(5)
+NC_UNPACK_16(6)
+static inline nc_i32x16 nc_dot4us_16(nc_i32x16 acc, const int8_t *x, const int8_t *u)
+{
+    return nc_dot4u_bytes_16(acc, x, _mm512_load_si512(u));
 }
 #endif
 
@@ -326,19 +355,19 @@ static inline __m256i nc_fifth_bits_8(uint32_t bits)
     __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread), own);
     return _mm256_and_si256(_mm256_cmpeq_epi8(b, own), _mm256_set1_epi8(16));
 }
-static inline nc_i32x8 nc_dot4u4_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)
+static inline __m256i nc_bytes4_8(const int8_t *p, int64_t i)
 {
-    return nc_dot4u_small_8(acc, x, nc_nibble_half_8(p + i / 64 * 32, i / 32 % 2));
+    return nc_nibble_half_8(p + i / 64 * 32, i / 32 % 2);
 }
-static inline nc_i32x8 nc_dot4u5_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)
+static inline __m256i nc_bytes5_8(const int8_t *p, int64_t i)
 {
     const int8_t *unit = p + i / 64 * 40;
     int64_t half = i / 32 % 2;
     uint32_t fifth;
     memcpy(&fifth, unit + 32 + 4 * half, 4);
-    return nc_dot4u_small_8(acc, x, _mm256_or_si256(nc_nibble_half_8(unit, half), nc_fifth_bits_8(fifth)));
+    return _mm256_or_si256(nc_nibble_half_8(unit, half), nc_fifth_bits_8(fifth));
 }
-static inline nc_i32x8 nc_dot4u6_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)
+static inline __m256i nc_bytes6_8(const int8_t *p, int64_t i)
 {
     const int8_t *unit = p + i / 64 * 48;
     int64_t half = i / 32 % 2;
@@ -347,7 +376,34 @@ static inline nc_i32x8 nc_dot4u6_8(nc_i32x8 acc, const int8_t *x, const int8_t *
     __m128i first = _mm_and_si128(half ? _mm_srli_epi16(pairs, 4) : pairs, three);
     __m128i second = _mm_and_si128(half ? _mm_srli_epi16(pairs, 6) : _mm_srli_epi16(pairs, 2), three);
     __m256i high = _mm256_slli_epi16(_mm256_set_m128i(second, first), 4);
-    return nc_dot4u_small_8(acc, x, _mm256_or_si256(nc_nibble_half_8(unit, half), high));
+    return _mm256_or_si256(nc_nibble_half_8(unit, half), high);
+}
+static inline nc_i32x8 nc_dot4u4_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)
+{
+    return nc_dot4u_small_8(acc, x, nc_bytes4_8(p, i));
+}
+static inline nc_i32x8 nc_dot4u5_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)
+{
+    return nc_dot4u_small_8(acc, x, nc_bytes5_8(p, i));
+}
+static inline nc_i32x8 nc_dot4u6_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)
+{
+    return nc_dot4u_small_8(acc, x, nc_bytes6_8(p, i));
+}
+/* nc_unpack{4,5,6}_8(dst, p, i, n): the n bytes from byte i of the 8-bit layout (both multiples
+ * of 32) rebuilt from their half units at p into dst (32-byte aligned), read by nc_dot4us_8 */
+#define NC_UNPACK_8(bits)                                                                      \
+    static inline void nc_unpack##bits##_8(int8_t *dst, const int8_t *p, int64_t i, int64_t n) \
+    {                                                                                          \
+        for (int64_t b = 0; b < n; b += 32)                                                    \
+            _mm256_store_si256((__m256i *)(dst + b), nc_bytes##bits##_8(p, i + b));            \
+    }
+NC_UNPACK_8(4)
+NC_UNPACK_8(5)
+NC_UNPACK_8(6)
+static inline nc_i32x8 nc_dot4us_8(nc_i32x8 acc, const int8_t *x, const int8_t *u)
+{
+    return nc_dot4u_small_8(acc, x, _mm256_load_si256((const __m256i *)u));
 }
 #endif
 

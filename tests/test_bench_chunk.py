@@ -1,4 +1,4 @@
-"""bench/chunk.py and bench/prefetch.py refuse arguments they cannot run in one line, before loading anything."""
+"""bench/probes/chunk.py and bench/probes/without.py refuse arguments they cannot run in one line, before loading anything."""
 import subprocess
 import sys
 from pathlib import Path
@@ -17,11 +17,14 @@ def test_chunk_sizes_that_cannot_be_built_are_refused(chunks, why):
     assert r.stderr.strip().splitlines()[-1] == f"chunk.py: error: argument chunks: {chunks!r}: {why}"
 
 
-@pytest.mark.parametrize("rounds, why", [("0", "rounds: at least 1, not 0"),
-                                         ("x", "argument rounds: invalid int value: 'x'")])
-def test_prefetch_ab_refuses_rounds_it_cannot_run(rounds, why):
-    """bench/prefetch.py: a number of rounds below 1 (or not a number) in one line, nothing loaded."""
-    r = subprocess.run([sys.executable, "-m", "bench.probes.prefetch", rounds], cwd=ROOT, capture_output=True, text=True,
+@pytest.mark.parametrize("args, why", [
+    (["PrefetchNext", "--rounds", "0"], "--rounds and --pp at least 1, --tg at least 0 (got 0, 512, 16)"),
+    (["PrefetchNext", "--rounds", "x"], "argument --rounds: invalid int value: 'x'"),
+    (["Split"], "argument directive: invalid choice: 'Split' (choose from 'PrefetchNext', 'Unpack')")])
+def test_directive_ab_refuses_what_it_cannot_run(args, why):
+    """bench/probes/without.py: rounds below 1, a number that is not one, a directive the recipes
+    do not hold: one line, nothing loaded."""
+    r = subprocess.run([sys.executable, "-m", "bench.probes.without", *args], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1] == f"prefetch.py: error: {why}"
+    assert r.stderr.strip().splitlines()[-1] == f"without.py: error: {why}"

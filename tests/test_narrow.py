@@ -10,7 +10,7 @@ from test_int8 import check_bitwise, projection_graph
 from nanocompile.compiler.graph_library import GraphLibrary
 from nanocompile.schedule import DotProduct, Pack, Parallel, ScheduleError, Split, UnrollJam, Vectorize, apply
 from nanocompile.schedule.blocking import pack_array
-from nanocompile.schedule.directives import Reorder
+from nanocompile.schedule.directives import Reorder, Unpack
 from nanocompile.schedule.narrow import narrow_bytes, widen_bytes
 from nanocompile.target import vector_lanes
 
@@ -136,3 +136,44 @@ def test_narrow_bits_are_read_by_vector_dot_products_only():
     text = "\n".join(str(d) for d in apply(k, (Vectorize("i1", 16), DotProduct("j", 4),
                                                Pack("p2", 64, 16, 4, 0, 4), Pack("p4", 2, 16))).schedule)
     assert "Pack(p2, 64, 16, 4, bits=4)" in text
+
+
+@pytest.mark.parametrize("bits, offset, low, high", [(4, 8, -8, 7), (5, 16, -16, 15), (6, 32, -32, 31)])
+@pytest.mark.parametrize("columns, rows", [(1, 2), (2, 3)])
+@pytest.mark.parametrize("march", ["x86-64-v4+vnni", "x86-64-v3"])
+def test_unpacked_bytes_are_read_by_the_row_tiles_bitwise(march, bits, offset, low, high, columns, rows, monkeypatch):
+    """Unpack rebuilds each column block's narrow bytes once before the row tiles (a local
+    array), which then read them in 8 bits (nc_dot4us); the tail rows past the last tile and a
+    chunk with no whole tile read the narrow storage. Bitwise at every row count from 1 to 7
+    (tiles of 2 and 3: tails of 0, 1 and 2 rows), at 1, 2, 3 and 8 threads, at 16 lanes and 8."""
+    use_target(march, monkeypatch)
+    lanes = vector_lanes(march)
+    g = projection_graph(70, 128)
+    w = narrow_weights(96, 128, seed=rows, low=low, high=high)
+    w["wq"][:, 70:] = 0
+    schedule = tuple([Vectorize("i1", lanes), DotProduct("j", 4)] + ([UnrollJam("i1", columns)] if columns > 1 else [])
+                     + [Pack("p2", 96, lanes * columns, 4, offset, bits), Pack("p4", 3, lanes * columns),
+                        Reorder("i0", "i1"), Split("i0", rows), UnrollJam("i0i", rows), Parallel("i1"),
+                        Unpack("p2", "i0o")])
+    lib = GraphLibrary(g, fuse=True, schedule=lambda k: schedule if k.op == "block_matmul" else ())
+    src = lib.source
+    assert f"nc_unpack{bits}_{lanes}(" in src and f"nc_dot4us_{lanes}(" in src
+    assert f"nc_dot4u{bits}_{lanes}(" in src  # the tail rows
+    assert f"seq / {rows} > 0" in src  # no unpacking for a chunk without a whole tile
+    check_bitwise(lib, g, w, np.random.default_rng(rows), kinds=("normal", "outlier"),
+                  envs=[{"seq": seq, "past": 0} for seq in range(1, 8)])
+
+
+def test_unpack_refuses_what_it_cannot_rebuild_once():
+    g = projection_graph(64, 64)
+    k = next(k for k in graph_kernels(g).values() if k.op == "block_matmul")
+    head = (Vectorize("i1", 16), DotProduct("j", 4), Pack("p2", 64, 16, 4, 16, 5), Pack("p4", 2, 16))
+    tile = (Reorder("i0", "i1"), Split("i0", 2), UnrollJam("i0i", 2))
+    with pytest.raises(ScheduleError, match="no loop 'x'"):
+        apply(k, head + tile + (Unpack("p2", "x"),))
+    with pytest.raises(ScheduleError, match="no vector dot product inside 'i0o' reads p2 in 4, 5 or 6 bits"):
+        apply(k, head[:2] + tile + (Unpack("p2", "i0o"),))  # p2 in 8 bits
+    with pytest.raises(ScheduleError, match="index changes with 'i1'"):  # the columns inside: no one block
+        apply(k, head + (Unpack("p2", "i1"),))
+    text = "\n".join(str(d) for d in apply(k, head + tile + (Unpack("p2", "i0o"),)).schedule)
+    assert "Unpack(p2, i0o)" in text

@@ -8,11 +8,15 @@ round; the peak is the probe's vector multiply-add. int8: block_matmul on quanti
 and Q8_0 weights (the quantization of the activations is a separate kernel, not timed here);
 the peak is the probe's int8 dot product, the bytes the weights' 34 per 32 values.
 
-native: the default model's stored formats as the native library runs them (Q5_0 and the K
-formats' quants in 5, 4 or 6 bits where 16 lanes of vpdpbusd take them; the output head is Q8_0,
-int8's kernel, in the int8 table); the bytes are the packed weights' as the kernel reads them.
+native: every stored format (Q8_0, Q5_0, Q4_0, Q4_K, Q5_K, Q6_K) at the default model's shapes
+and the 1.5B sibling's, at 1 row and 96 (a prefill chunk), as the native library runs them (the
+quants in 4, 5 or 6 bits wherever the target has vector dot products); the bytes are the packed
+weights' as the kernel reads them. Where the recipe unpacks a narrow weight once per column block
+(schedule/unpack.py), the recipe less Unpack runs beside it, alternated round by round.
+--march runs a level below this CPU's (x86-64-v3: the AVX2 kernels on an AVX-512 machine).
 
-    python -m bench.probes.matmul_shapes [--rounds 5] [--precision f32|int8|native]
+    python -m bench.probes.matmul_shapes [--rounds 5] [--precision f32|int8|native] [--march LEVEL]
+                                         [--formats Q4_K,Q6_K]
 """
 from __future__ import annotations
 
@@ -33,10 +37,15 @@ SHAPES = {  # name: (K inputs, N outputs), in the order a layer runs them
 }
 
 
-# native: (name, K, N, the file's format) for the default model's projections
+# native: (name, K, N, the stored format): the default model's projections, then every other
+# format the descriptions know at a shape it takes (K formats need rows of whole 256s)
 NATIVE_SHAPES = [("q_proj, o_proj", 896, 896, "Q5_0"), ("k_proj, v_proj", 896, 128, "Q5_0"),
                  ("v_proj", 896, 128, "Q8_0"), ("gate_proj, up_proj", 896, 4864, "Q5_0"),
-                 ("down_proj", 4864, 896, "Q4_K"), ("down_proj", 4864, 896, "Q6_K")]
+                 ("down_proj", 4864, 896, "Q4_K"), ("down_proj", 4864, 896, "Q6_K"),
+                 ("gate_proj, up_proj", 896, 4864, "Q4_0"), ("gate_proj, up_proj", 896, 4864, "Q8_0"),
+                 ("down_proj", 4864, 896, "Q5_K"),
+                 ("1.5B gate_proj, up_proj", 1536, 8960, "Q4_K"), ("1.5B down_proj", 8960, 1536, "Q6_K")]
+NATIVE_ROWS = (1, 96)  # a decode step; a prefill chunk (DEFAULT_CHUNK)
 
 COLD_BYTES = 512e6  # more than every cache
 
@@ -62,7 +71,7 @@ def _native(k: int, n: int, kind: str, m: int, rng):
     from nanocompile.models.formats import format_named
     from nanocompile.models.quantize import (narrow_storage, quantize_q8_0, split_exact, split_superblocks,
                                              superblock_form)
-    from nanocompile.schedule.recipes import default_schedule
+    from nanocompile.schedule.recipes import NARROW_LANES, default_schedule
     from nanocompile.target import detect_march, dot_weight_offset, vector_lanes
 
     fmt = format_named(kind)
@@ -95,7 +104,7 @@ def _native(k: int, n: int, kind: str, m: int, rng):
         want = interpreter.block_matmul(inputs["xq"], inputs["xd"], qs, d)
     march = detect_march()[0]
     lanes, offset = vector_lanes(march), dot_weight_offset(march)
-    storage = narrow_storage(fmt) if lanes == 16 and offset else None  # 4-6 bits where vpdpbusd takes them
+    storage = narrow_storage(fmt) if lanes in NARROW_LANES else None  # 4-6 bits wherever dot products are vectors
     quants = next(iter(w))
 
     def schedule(kernel):
@@ -197,45 +206,57 @@ def measure(rounds: int, machine: dict, precision: str = "f32") -> list[dict]:
     return rows
 
 
-def measure_native(rounds: int, machine: dict) -> list[dict]:
-    """The default model's stored formats at 1 and 64 rows, as the native library runs them."""
+def measure_native(rounds: int, machine: dict, formats=None) -> list[dict]:
+    """Every stored format at 1 and 96 rows, as the native library runs them; beside a recipe that
+    unpacks a narrow weight (schedule/unpack.py), the recipe less Unpack, alternated."""
     import numpy as np
 
     from nanocompile.compiler.graph_library import GraphLibrary
+    from nanocompile.schedule import Unpack
 
-    print("| shape | K x N | format | rows | nanocompile us, median | roofline us | roofline / nanocompile |\n"
-          "|---|---|---|---|---|---|---|")
+    print("| shape | K x N | format | rows | schedule | nanocompile us, median | roofline us | roofline / nanocompile |\n"
+          "|---|---|---|---|---|---|---|---|")
     rng = np.random.default_rng(0)
     bw = machine["read_gb_s"]["median"] * 1e9
     peak = machine["int8_dot_gmac_s"]["median"] * 1e9
     rows = []
     for name, k, n, kind in NATIVE_SHAPES:
-        for m in (1, 64):
+        if formats and kind not in formats:
+            continue
+        for m in NATIVE_ROWS:
             g, inputs, weights, want, schedule, wbytes = _native(k, n, kind, m, rng)
-            lib = GraphLibrary(g, max_seq=64, schedule=schedule)
             copies = [weights] + [{key: a.copy() for key, a in weights.items()}
                                   for _ in range(max(0, int(COLD_BYTES // wbytes)))]
-            runs = [lib.bind({"seq": m, "past": 0}, inputs, c, threads=THREADS) for c in copies]
-            assert np.array_equal(np.asarray(runs[0]()[-1]), want), (name, kind)  # exact, as int8's
-            turn = {"c": 0}
+            engines = {"recipe": GraphLibrary(g, max_seq=max(NATIVE_ROWS), schedule=schedule)}
+            if "nc_unpack" in engines["recipe"].source:
+                def less(kernel):
+                    return tuple(d for d in schedule(kernel) if not isinstance(d, Unpack))
+                engines["less Unpack"] = GraphLibrary(g, max_seq=max(NATIVE_ROWS), schedule=less)
+            runs, turn = {}, {}
+            for e, lib in engines.items():
+                runs[e] = [lib.bind({"seq": m, "past": 0}, inputs, c, threads=THREADS) for c in copies]
+                turn[e] = 0
+                assert np.array_equal(np.asarray(runs[e][0]()[-1]), want), (name, kind, e)  # exact, as int8's
 
-            def run_c():
-                turn["c"] = (turn["c"] + 1) % len(runs)
-                return runs[turn["c"]]()
+            def call(e):
+                turn[e] = (turn[e] + 1) % len(runs[e])
+                return runs[e][turn[e]]()
 
-            samples = []
-            for _ in range(rounds):
-                time.sleep(0.2)
-                run_c()
-                samples.append(_time(run_c, 20))
+            samples = {e: [] for e in engines}
+            for r in range(rounds):
+                for e in list(engines) if r % 2 == 0 else list(engines)[::-1]:
+                    time.sleep(0.2)
+                    call(e)
+                    samples[e].append(_time(lambda: call(e), 20 if m == 1 else 5))
             nbytes = wbytes + sum(x.nbytes for x in inputs.values()) + 4 * m * n
             roof = max(nbytes / bw, m * n * k / peak)
-            row = {"shape": name, "K": k, "N": n, "format": kind, "rows": m, "precision": "native",
-                   "weight_bytes": wbytes, "roofline_us": roof * 1e6, "nanocompile": summary([t * 1e6 for t in samples])}
-            rows.append(row)
-            c = row["nanocompile"]["median"]
-            print(f"| {name} | {k}x{n} | {kind} | {m} | {c:9.1f} (min {row['nanocompile']['min']:.1f}) | "
-                  f"{roof * 1e6:9.1f} | {roof * 1e6 / c:5.0%} |", flush=True)
+            for e, s in samples.items():
+                row = {"shape": name, "K": k, "N": n, "format": kind, "rows": m, "precision": "native", "schedule": e,
+                       "weight_bytes": wbytes, "roofline_us": roof * 1e6, "nanocompile": summary([t * 1e6 for t in s])}
+                rows.append(row)
+                c = row["nanocompile"]["median"]
+                print(f"| {name} | {k}x{n} | {kind} | {m} | {e} | {c:9.1f} (min {row['nanocompile']['min']:.1f}) | "
+                      f"{roof * 1e6:9.1f} | {roof * 1e6 / c:5.0%} |", flush=True)
     return rows
 
 
@@ -243,14 +264,25 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--precision", choices=["f32", "int8", "native"], default="f32")
+    ap.add_argument("--formats", default=None, help="native: these stored formats only (Q4_K,Q6_K)")
+    ap.add_argument("--march", default=None, help="an x86-64 level below this CPU's (NANOCOMPILE_MARCH)")
     args = ap.parse_args()
+    if args.march:
+        import os
+
+        from nanocompile.target import FORCE, detect_march
+        os.environ[FORCE] = args.march
+        detect_march()  # refuses a level this CPU cannot run, in one line
     from bench.probes import machine as probe
 
     machine = probe.measure()
-    rows = measure_native(args.rounds, machine) if args.precision == "native" else \
+    formats = args.formats.split(",") if args.formats else None
+    rows = measure_native(args.rounds, machine, formats) if args.precision == "native" else \
         measure(args.rounds, machine, args.precision)
+    from nanocompile.target import detect_march
+
     append({"bench": "matmul_shapes", "rounds": args.rounds, "precision": args.precision, "probe": machine,
-            "rows": rows})
+            "march": detect_march()[0], "rows": rows})
 
 
 if __name__ == "__main__":

@@ -75,10 +75,16 @@ def append(record: dict, path: Path = RESULTS) -> None:
         f.write(json.dumps(record, sort_keys=True) + "\n")
 
 
+def sign_test(wins: int, n: int) -> float:
+    """P of at least `wins` wins in n coin tosses: the tuner's exact one-sided test (imported
+    here, not at the top, so a peer's worker in an interpreter without nanocompile loads this)."""
+    from nanocompile.tune.search import sign_test as exact
+
+    return exact(wins, n)
+
+
 def two_sided_sign_test(wins: int, n: int) -> float:
     """P of a split at least this uneven if each round were a coin toss (ties dropped before)."""
-    from nanocompile.tune.search import sign_test  # one exact sign test for the tuner and the benchmarks
-
     if n == 0:
         return 1.0
     return min(1.0, 2 * min(sign_test(wins, n), sign_test(n - wins, n)))

@@ -8,7 +8,7 @@ import numpy as np
 from ..ir.expr import Expr
 from ..loopir.affine import build, linear
 from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, ByteSum, Cast, Dot, FConst, Fma, IConst, Lane, LaneMax, Load,
-                         Loop, NarrowByte, Poly, Prefetch, Select, Store, Un, Var, dtype_of)
+                         Loop, NarrowByte, Poly, Prefetch, Select, Store, Un, UnpackBytes, Var, dtype_of)
 from ..loopir.traverse import fold, walk
 from ..loopir.traverse import statements as all_statements
 
@@ -135,6 +135,7 @@ def statements(body, dtypes: dict | None = None, vector=None) -> list[dict]:
     its lanes."""
     dtypes = dict(dtypes or {})
     dtypes.update({s.name: s.dtype for s in all_statements(body) if isinstance(s, AccInit)})
+    dtypes.update({s.local: "i8" for s in all_statements(body) if isinstance(s, UnpackBytes)})
     out = []
     for s in body:
         if isinstance(s, Loop):
@@ -143,6 +144,8 @@ def statements(body, dtypes: dict | None = None, vector=None) -> list[dict]:
                         "parallel": s.parallel})
         elif isinstance(s, Prefetch):  # an address, the same in every lane
             out.append({"kind": "line", "text": f"nc_prefetch({address(s.param, s.index)});"})
+        elif isinstance(s, UnpackBytes):
+            out.extend({"kind": "line", "text": line} for line in unpack_lines(s, vector.lanes if vector else 0))
         elif vector is not None:
             out.append({"kind": "line", "text": vector.statement(s)})
         elif isinstance(s, Store):
@@ -160,6 +163,19 @@ def statements(body, dtypes: dict | None = None, vector=None) -> list[dict]:
     return out
 
 
+def unpack_lines(s: UnpackBytes, lanes: int) -> list[str]:
+    """A narrow weight's bytes rebuilt into a local array (schedule/unpack.py), by the helper of
+    the lanes the dot products that read them run on."""
+    if lanes not in (8, 16):
+        raise TypeError(f"{s.local}: bytes unpacked for dot products outside 8 or 16 lanes")
+    fill = f"nc_unpack{s.bits}_{lanes}({s.local}, {s.param}, {c(s.start)}, {s.count});"
+    if isinstance(s.when, IConst) and s.when.value > 0:
+        guarded = [fill]
+    else:
+        guarded = [f"if ({c(s.when)} > 0)", "    " + fill]
+    return [f"int8_t {s.local}[{s.count}] __attribute__((aligned(64)));"] + guarded
+
+
 class VectorC:
     """C for the statements of a vector loop of `lanes` lanes (GCC vector extensions, runtime/
     nc_vector.h). A value is a vector if it reads a load that differs between lanes; the others
@@ -173,6 +189,7 @@ class VectorC:
         self.lanes = lanes
         self.dtypes = dtypes
         self.vectors: set[str] = set()  # accumulators held as vectors
+        self.unpacked = {s.local for s in all_statements(body) if isinstance(s, UnpackBytes)}
         changed = True
         while changed:  # an accumulator is a vector if any value assigned to it is
             changed = False
@@ -237,6 +254,9 @@ class VectorC:
             if (e.b_offset or e.b_bits != 8) and w is not e.b:
                 raise TypeError(f"the unsigned operand {e.b.param} of a dot product is the same in every lane")
             helper = "nc_dot4u" if e.b_offset else "nc_dot4"  # u: w's bytes multiplied unsigned
+            if w.param in self.unpacked:  # rebuilt bytes within [0, 63], in 8 bits (schedule/unpack.py)
+                return (f"nc_dot4us_{self.lanes}({self.splat(e.acc)}, {self.address(x.param, x.index)}, "
+                        f"{self.address(w.param, w.index)})")
             if e.b_bits != 8 and self.lanes == 8:  # half a 64-byte unit: the helper finds it from the 8-bit index
                 terms, const = linear(w.index)
                 terms.pop(Lane(), None)

@@ -246,7 +246,22 @@ class Prefetch(Node):
     CHILDREN: ClassVar = ("index",)
 
 
-STATEMENTS = (Loop, Store, AccInit, AccUpdate, Prefetch)
+@dataclass(frozen=True)
+class UnpackBytes(Node):
+    """Declares the local byte array `local` and fills it with `count` unsigned bytes of param, a
+    weight kept in `bits` bits (schedule/narrow.py), from byte `start` of its 8-bit layout on:
+    the dot products after it read them there in 8 bits (schedule/unpack.py). Only when `when`
+    > 0, the trips of the loop that reads them (a decode step's lone row skips it)."""
+    local: str
+    param: str
+    start: Node
+    count: int
+    bits: int
+    when: Node
+    CHILDREN: ClassVar = ("start", "when")
+
+
+STATEMENTS = (Loop, Store, AccInit, AccUpdate, Prefetch, UnpackBytes)
 
 
 @dataclass(frozen=True)
@@ -391,6 +406,9 @@ def format_stmts(body, indent: int = 0) -> list[str]:
                          else f"{pad}{s.name} = max({s.name}, {format_expr(s.value)})")
         elif isinstance(s, Prefetch):
             lines.append(f"{pad}prefetch {s.param}[{format_expr(s.index)}]")
+        elif isinstance(s, UnpackBytes):
+            lines.append(f"{pad}{s.local}: u8[{s.count}] = {s.param}[{format_expr(s.start)}..] from {s.bits} bits "
+                         f"if {format_expr(s.when)} > 0")
         else:
             raise TypeError(f"not a loop-IR statement: {s!r}")
     return lines

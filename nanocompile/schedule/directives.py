@@ -139,6 +139,19 @@ class PrefetchNext:
 
 
 @dataclass(frozen=True)
+class Unpack:
+    """Rebuild the bytes of param (a weight Pack keeps in 4-6 bits) that the dot products inside
+    loop `at` read, once, before it, into a local array they then read in 8 bits: a prefill
+    chunk's row tiles rebuild each weight once instead of once per tile (schedule/unpack.py).
+    Skipped when `at` runs no iteration. The bytes are the same, so no value changes."""
+    param: str
+    at: str
+
+    def __str__(self) -> str:
+        return f"Unpack({self.param}, {self.at})"
+
+
+@dataclass(frozen=True)
 class Parallel:
     """Split the iterations of loop `loop` across the threads."""
     loop: str

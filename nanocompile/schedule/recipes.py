@@ -40,9 +40,10 @@ from ..loopir.affine import linear
 from ..loopir.ir import AccInit, AccUpdate, IConst, Kernel, Loop, Poly, Var
 from ..loopir.traverse import find_loop, loads, loops
 from .apply import apply, first_legal, is_legal
-from .directives import (DotProduct, LaneReduce, Pack, Parallel, PrefetchNext, Reorder, ScheduleError, Split, Unroll,
-                         UnrollJam, Vectorize)
+from .directives import (DotProduct, LaneReduce, Pack, Parallel, PrefetchNext, Reorder, ScheduleError, Split, Unpack,
+                         Unroll, UnrollJam, Vectorize)
 from .loops import check_parallel, check_unroll_jam, has_tail
+from .unpack import MOST_BYTES as UNPACK_BYTES
 
 # a projection's register tile by lanes: (rows sharing each vector of weights, vector
 # accumulators the tile may hold). AVX-512 has 32 vector registers: 24 accumulators leave room
@@ -164,8 +165,11 @@ def _superblock_projection(k: Kernel, col: Loop, row, supers: Loop, subs: Loop, 
     budget = SUPERBLOCK_BUDGET[lanes]
     sums = sum(1 for s in col.body + supers.body if isinstance(s, AccInit))
     for columns in (2, 4, 1):
-        rows = min(SUPERBLOCK_ROWS, budget // (columns * sums))
-        if row is not None and not isinstance(row.extent, IConst) and rows > 1:
+        # at least one row inside the columns: each column block's weights read by every row of
+        # a prefill chunk from cache, not once per row from memory (a Q4_K block at 8 lanes has
+        # room for one row of its three sums)
+        rows = max(1, min(SUPERBLOCK_ROWS, budget // (columns * sums)))
+        if row is not None and not isinstance(row.extent, IConst):
             yield superblock_projection(col, row, supers, subs, products, lanes, *operands, dot_offset, columns, rows,
                                         narrow)
         yield superblock_projection(col, row, supers, subs, products, lanes, *operands, dot_offset, columns, 0, narrow)
@@ -353,10 +357,16 @@ def _quantized_projection(col: Loop, row, elements: int, products: str, lanes: i
         [Pack(p, n, lanes * columns) for p, n in scales]
     head = [Vectorize(col.var, lanes), DotProduct(products, 4)] + \
         ([UnrollJam(col.var, columns)] if columns > 1 else []) + packs
-    tile = []
+    tile, unpacks = [], []
     if rows and row is not None and not isinstance(row.extent, IConst):
-        tile = [Reorder(row.var, col.var)] + ([Split(row.var, rows), UnrollJam(row.var + "i", rows)] if rows > 1 else [])
-    return head + tile + [Parallel(col.var)]
+        # the row tiles read each narrow weight's bytes rebuilt once per column block (schedule/unpack.py),
+        # when there are two tiles or more: a decode step's one row reads the narrow bytes, as
+        # does an odd chunk's last row. One row a tile is split in pairs for that, not jammed.
+        unpacks = [Unpack(p, row.var + "o") for p in quants if fewer and p in narrow
+                   and elements * lanes * columns <= UNPACK_BYTES]
+        tile = [Reorder(row.var, col.var)] + ([Split(row.var, rows), UnrollJam(row.var + "i", rows)] if rows > 1 else
+                                              [Split(row.var, 2)] if unpacks else [])
+    return head + tile + [Parallel(col.var)] + unpacks
 
 
 def row_group(row: Loop) -> int:

@@ -1,0 +1,76 @@
+"""Unpack: a narrow weight's bytes rebuilt once per column block instead of once per row tile.
+
+A weight kept in 4-6 bits (schedule/narrow.py) is rebuilt into bytes by every dot product that
+reads it: at 8 lanes a prefill chunk's 2-row tiles rebuild each column block's weights once per
+2 rows, and the rebuilding (a shift, masks, a shuffle for the fifth bits) costs more than the
+multiplications. Unpack(param, at) rebuilds the bytes the dot products inside loop `at` read,
+once, into a local array just before `at` (ir.UnpackBytes), and points those dot products at it:
+the column block's bytes (7 KiB for a 896-wide Q5_0 projection, 76 KiB for a Q6_K down
+projection's two vectors) stay in L1 or L2 while the row tiles read them. The bytes, and so every
+sum, are the same. The tail rows outside `at` keep reading the narrow storage."""
+from __future__ import annotations
+
+from ..loopir.affine import build, linear
+from ..loopir.ir import Dot, IConst, Kernel, Lane, Load, UnpackBytes, Var
+from ..loopir.traverse import find_loop, free_vars, loops, replace, rewrite, walk
+from .directives import ScheduleError, Unpack
+
+MOST_BYTES = 256 * 1024  # a local array on the stack of every pool thread: a quarter of a 1 MiB L2
+
+
+def unpack(k: Kernel, d: Unpack) -> tuple:
+    found = find_loop(k.body, d.at)
+    if found is None:
+        raise ScheduleError(f"{k.name}: {d}: no loop {d.at!r}")
+    at, around = found
+    lanes = next((lp.lanes for lp in around + (at,) if lp.lanes), 0)
+    dots = [n for n in walk(at.body) if isinstance(n, Dot) and _reads(n, d.param)]
+    if not dots or not lanes:
+        raise ScheduleError(f"{k.name}: {d}: no vector dot product inside {d.at!r} reads {d.param} in 4, 5 or 6 bits")
+    others = [n for n in walk(at.body) if isinstance(n, Load) and n.param == d.param
+              and not any(n is dot.b for dot in dots)]
+    if others:
+        raise ScheduleError(f"{k.name}: {d}: {d.param} is read inside {d.at!r} outside a dot product")
+    inner = {lp.var: lp for lp in loops(at.body)}
+    read = dots[0].width * lanes  # the bytes one dot product reads: a unit's half (8 lanes) or a unit
+    spans, base = [], None
+    for dot in dots:
+        terms, const = linear(dot.b.index)
+        terms.pop(Lane(), None)
+        outside = {a: n for a, n in terms.items() if not (isinstance(a, Var) and a.name in inner)}
+        if any(free_vars(a) & (set(inner) | {d.at}) for a in outside):
+            raise ScheduleError(f"{k.name}: {d}: {d.param}'s index changes with {d.at!r} or inside it other than "
+                                f"linearly: its bytes are not one block the loop reads again")
+        if base is not None and outside != base:
+            raise ScheduleError(f"{k.name}: {d}: the dot products inside {d.at!r} read {d.param} at different bases")
+        base = outside
+        high = const + read
+        for a, n in terms.items():
+            if a in outside:
+                continue
+            extent = inner[a.name].extent
+            if not isinstance(extent, IConst) or n < 0:
+                raise ScheduleError(f"{k.name}: {d}: {d.param} is read along {a.name!r}, whose extent or stride is "
+                                    f"not a positive constant")
+            high += n * (extent.value - 1)
+        spans.append((const, high))
+    low = min(s[0] for s in spans)
+    count = max(s[1] for s in spans) - low
+    if low % read or count > MOST_BYTES:
+        raise ScheduleError(f"{k.name}: {d}: {count} bytes from {low} (at most {MOST_BYTES}, from a multiple of "
+                            f"{read})")
+    local = f"{d.param}_bytes"
+
+    def moved(n):  # a dot product reading the weight reads the local array instead
+        if not (isinstance(n, Dot) and _reads(n, d.param)):
+            return None
+        terms, const = linear(n.b.index)
+        inside = {a: c for a, c in terms.items() if a not in base}
+        return Dot(n.acc, n.a, Load(local, build(inside, const - low)), n.width, n.b_offset, n.b_bits)
+
+    fill = UnpackBytes(local, d.param, build(base, low), count, dots[0].b_bits, at.extent)
+    return replace(k.body, at, (fill, rewrite(at, moved)))
+
+
+def _reads(dot: Dot, param: str) -> bool:
+    return isinstance(dot.b, Load) and dot.b.param == param and dot.b_bits != 8
