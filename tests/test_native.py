@@ -319,6 +319,112 @@ def test_k_formats_run_as_stored_bitwise(tiny_k, monkeypatch):
     assert_bitwise_agree(compiled, plain, interp, ids)
 
 
+# an embedding in a K format, tied and untied -------------------------------------------------------
+
+# widths of whole 256-weight super-blocks, as every Qwen2.5 from 1.5B up has
+KE_CFG = dict(hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=512, layers=2, vocab=300)
+KE_FILES = {  # name -> (tied, the embedding's type, the head's type when untied)
+    "tied_q4k": (True, "Q4_K", None), "tied_q6k": (True, "Q6_K", None), "untied_q4k": (False, "Q4_K", "Q6_K")}
+
+
+def k_embedding_types(cfg, embedding: str, head: str | None) -> dict[str, str]:
+    """As llama.cpp's Q4_K_M lays out a 1.5B: K formats only."""
+    types = {"model.embed_tokens.weight": embedding}
+    if head:
+        types["lm_head.weight"] = head
+    for i in range(cfg.num_hidden_layers):
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj"):
+            types[f"model.layers.{i}.{name}.weight"] = "Q4_K"
+        for name in ("self_attn.v_proj", "mlp.down_proj"):
+            types[f"model.layers.{i}.{name}.weight"] = "Q6_K"
+    return types
+
+
+@pytest.fixture(scope="module", params=sorted(KE_FILES))
+def tiny_k_embedding(request, tmp_path_factory):
+    from nanocompile.models import load_model
+
+    tied, embedding, head = KE_FILES[request.param]
+    d = tmp_path_factory.mktemp(request.param)
+    cfg = tiny_config(**KE_CFG, tied=tied)
+    path = write_gguf(d / "k.gguf", cfg, random_weights(cfg, seed=31), tensor_types=k_embedding_types(cfg, embedding, head))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NANOCOMPILE_CACHE", str(d / "cache"))
+        return load_model(path, progress=False), d / "cache"
+
+
+def test_a_k_format_embedding_is_gathered_as_stored(tiny_k_embedding):
+    """Nothing is requantized and auto runs native: the embedding's parts are its blocks, and the
+    rows the graph gathers from them (nn.gather_k) are the gguf library's dequantization of the
+    file's rows bit for bit; a tied head reads the same parts (superblock_matmul)."""
+    from nanocompile.engine.open import resolve_precision
+    from nanocompile.frontend.nn import gather_k
+    from nanocompile.ir.interpreter import run
+    from nanocompile.ir.expr import Expr
+    from nanocompile.ir.graph import GraphBuilder
+
+    model, _ = tiny_k_embedding
+    precision, native = resolve_precision("auto", model.weights)
+    assert precision == "native" and native.fallbacks == {} and native.fallback_note() is None
+    embed = "model.embed_tokens.weight"
+    kind = native.types[embed]
+    fmt = format_named(kind)
+    assert (embed, fmt.sub, 256, fmt.has_min) in native.superblocks
+    parts = {p: native[f"{embed}.{p}"] for p in ("qs", "sc", "d", "mn", "dmin")[:5 if fmt.has_min else 3]}
+    want = dequantized(kind, model.weights.raw(embed)[1])
+    assert same_bits(superblock_values(parts, fmt), want)
+    b = GraphBuilder("gather")
+    ids = b.input("ids", [Expr.sym("seq")], "i32")
+    nodes = {p: b.weight(p, a.shape, "f16" if p in ("d", "dmin") else "i8") for p, a in parts.items()}
+    b.output("rows", gather_k(b, nodes["qs"], nodes["sc"], nodes["d"], nodes.get("mn"), nodes.get("dmin"), ids))
+    tokens = np.array([0, 299, 7, 7, 150], np.int32)
+    rows = run(b.finish(), {"seq": len(tokens)}, {"ids": tokens}, parts)["rows"]
+    assert same_bits(rows, want[tokens])
+    heads = sorted(name for name in native.superblock_formats if name in (embed, "lm_head.weight"))
+    assert heads == ([embed] if model.config.tie_word_embeddings else ["lm_head.weight", embed])
+
+
+@pytest.mark.c
+@pytest.mark.levels
+def test_a_k_format_embedding_runs_bitwise(tiny_k_embedding, monkeypatch):
+    """The model whose embedding (and tied head) is in a K format: the scheduled library, its
+    unscheduled build and the interpreter, bit for bit."""
+    model, cache = tiny_k_embedding
+    monkeypatch.setenv("NANOCOMPILE_CACHE", str(cache))
+    ids = [int(t) for t in np.random.default_rng(6).integers(0, model.config.vocab_size, 40)]
+    compiled = open_session(model, "compiled", n_ctx=96, threads=2, precision="auto")
+    assert compiled.precision == "native"
+    plain = CompiledSession.from_weights(model.config, model.weights, n_ctx=96, precision="native", fuse=False,
+                                         schedule=False)
+    interp = InterpreterSession.from_weights(model.config, model.weights, n_ctx=96, precision="native")
+    assert_bitwise_agree(compiled, plain, interp, ids)
+
+
+def test_a_type_without_a_description_falls_back_alone_and_one_nobody_reads_is_refused(tmp_path):
+    """IQ4_NL (no description here; the gguf library reads it): that tensor alone is requantized
+    to Q8_0 from the gguf library's values, the others run as stored, and auto is native. Q8_K (no
+    reader at all): refused, naming the tensor and its type."""
+    from nanocompile.engine.open import resolve_precision
+    from nanocompile.errors import ModelError
+    from nanocompile.models import load_model
+
+    cfg = tiny_config(**KE_CFG)
+    w = random_weights(cfg, seed=4)
+    types = {n: "Q8_0" for n, a in w.items() if a.ndim == 2}
+    up = "model.layers.1.mlp.up_proj.weight"
+    model = load_model(write_gguf(tmp_path / "iq.gguf", cfg, w, tensor_types=dict(types, **{up: "IQ4_NL"})),
+                       progress=False)
+    assert format_named("IQ4_NL") is None
+    precision, native = resolve_precision("auto", model.weights)
+    assert precision == "native" and native.fallbacks == {up: "IQ4_NL"}
+    qs, d = quantize_q8_0(dequantized("IQ4_NL", model.weights.raw(up)[1]).reshape(w[up].shape))
+    assert np.array_equal(native[up + ".qs"], qs) and np.array_equal(native[up + ".d"].view(np.uint16), d.view(np.uint16))
+    model = load_model(write_gguf(tmp_path / "q8k.gguf", cfg, w, tensor_types=dict(types, **{up: "Q8_K"})),
+                       progress=False)
+    with pytest.raises(ModelError, match="tensor 'blk.1.ffn_up.weight' has type Q8_K, which the gguf library cannot"):
+        open_session(model, "interp", n_ctx=32, precision="auto")
+
+
 # the real default model (Q4_K_M) ---------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -100,6 +100,8 @@ def ggml_base() -> ctypes.CDLL | None:
 
 
 def _c_name(type_name: str) -> str:
+    if type_name.startswith("IQ"):
+        return type_name.lower()  # IQ4_NL -> iq4_nl
     return type_name[0].lower() + type_name[1:]  # Q4_K -> q4_K, as ggml spells its functions
 
 

@@ -87,15 +87,16 @@ def open_model(source, precision: str = AUTO, march: str | None = None, *, confi
 
 def resolve_precision(precision: str, weights) -> tuple[str, Mapping]:
     """The precision that runs and the weights in its form (weight_form). auto: native when the
-    model file stores every matrix in a block format native runs as stored (a quantized GGUF:
-    Q8_0, Q5_0, Q4_0 and the K formats), so nothing is requantized; f32 otherwise (a Hugging Face
-    directory, a GGUF with float matrices). Any other precision as it is."""
+    model file stores any matrix in a block format (a quantized GGUF): what native runs as stored
+    (Q8_0, Q5_0, Q4_0, the K formats) is not requantized, and a tensor of another type alone is
+    requantized to Q8_0, with a one-line note (fallback_note); f32 otherwise (a Hugging Face
+    directory, a GGUF of float matrices only). Any other precision as it is."""
     if precision != AUTO:
         return precision, weight_form(precision, weights)
     if not isinstance(weights, WeightSource):
         return "f32", weights
     native = NativeWeights.of_source(weights)  # no stored blocks (safetensors): every matrix falls back
-    if native.blocks is not None and not native.fallbacks:
+    if native.blocks is not None and len(native.fallbacks) < len(native.types):
         return "native", native  # the view auto looked at is the one that runs: made once
     return "f32", weights
 

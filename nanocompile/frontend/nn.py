@@ -102,6 +102,26 @@ def gather_q8(b: GraphBuilder, qs: int, d: int, ids: int, width: int) -> int:
     return x if kp == width else b.slice(x, 1, 0, width)
 
 
+def gather_k(b: GraphBuilder, qs: int, sc: int, d: int, mn: int | None, dmin: int | None, ids: int) -> int:
+    """Rows of a table in a K format's numbers, dequantized as the format defines it
+    (models.formats.dequantize): float32(q) * (float32(d) * float32(sc)) of its sub-block, minus
+    float32(dmin) * float32(mn) with mins. d * sc is exact (an 11-bit by an 8-bit significand), so
+    each product rounds once, as the definition's does."""
+    seq = b.shape(ids)[0]
+    k, subs, supers = (b.shape(t)[1].as_int() for t in (qs, sc, d))
+
+    def per_sub(ints, super_scale):  # float32(super) * float32(int) for each sub-block of a row
+        s = b.reshape(b.cast(b.gather(super_scale, ids), "f32"), [seq, supers, 1])
+        s = b.reshape(b.broadcast(s, [seq, supers, subs // supers]), [seq, subs])
+        return b.mul(s, b.cast(b.gather(ints, ids), "f32"))
+
+    def per_weight(x):  # a sub-block's number for each of its weights
+        return b.reshape(b.broadcast(b.reshape(x, [seq, subs, 1]), [seq, subs, k // subs]), [seq, k])
+
+    x = b.mul(b.cast(b.gather(qs, ids), "f32"), per_weight(per_sub(sc, d)))
+    return x if mn is None else b.sub(x, per_weight(per_sub(mn, dmin)))
+
+
 def rms_norm(b: GraphBuilder, x: int, gain: int, eps: float) -> int:
     """gain * (x * rsqrt(mean(x*x) + eps)), rows of x [rows, width]."""
     rows, width = b.shape(x)

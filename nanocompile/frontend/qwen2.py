@@ -89,7 +89,11 @@ def build_qwen2(cfg: Qwen2Config, logits: str = "last", precision: str = "f32", 
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
 
     tokens = b.input("tokens", [seq], "i32")
-    if precision == "int8":
+    embed = "model.embed_tokens.weight"
+    if embed + ".sc" in specs:  # a K format's numbers, as stored (native)
+        mins = (weight(embed + ".mn"), weight(embed + ".dmin")) if embed + ".mn" in specs else (None, None)
+        x = nn.gather_k(b, weight(embed + ".qs"), weight(embed + ".sc"), weight(embed + ".d"), *mins, tokens)
+    elif precision == "int8":
         x = nn.gather_q8(b, weight("model.embed_tokens.weight.qs"), weight("model.embed_tokens.weight.d"), tokens, h)
     else:
         x = b.gather(weight("model.embed_tokens.weight"), tokens)

@@ -168,8 +168,6 @@ def superblock_parts(fmt: BlockFormat) -> tuple[str, ...]:
     return ("qs", "sc", "d") + (("mn", "dmin") if fmt.has_min else ())
 
 
-GATHERED = ("model.embed_tokens.weight",)  # rows read by a gather, which reads int8's form only
-
 UNPACK_ROWS = 4096  # rows unpacked at a time: bounds the temporaries on the embedding
 
 
@@ -229,10 +227,10 @@ class NativeWeights(Int8Weights):
         super().__init__(float_weights, quantized, float_weights.raw if blocks is not None else None)
         self.blocks = blocks
         self.types = types or {name: "F32" for name in sorted(quantized)}  # tensor -> its stored type
-        # K formats run as stored (superblock_matmul), except where a gather reads the rows
+        # K formats run as stored: superblock_matmul's operands, and an embedding's gather
+        # dequantizes its rows from the same parts (frontend.nn.gather_k)
         self.superblock_formats = {name: format_named(kind) for name, kind in self.types.items()
-                                   if blocks is not None and name not in GATHERED
-                                   and superblock_form(format_named(kind))}
+                                   if blocks is not None and superblock_form(format_named(kind))}
         self.fallbacks = {name: kind for name, kind in self.types.items() if name not in self.superblock_formats
                           and (blocks is None or not exact_in_int8(format_named(kind)))}
         self._parts: tuple[str, dict] | None = None
