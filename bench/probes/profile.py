@@ -99,9 +99,10 @@ def main() -> None:
     ap.add_argument("prompt", nargs="?", type=int, default=512, help="prompt tokens")
     ap.add_argument("--chunk", type=positive, default=DEFAULT_CHUNK, help="prompt rows a pass takes (the library's)")
     ap.add_argument("--threads", type=positive, default=THREADS)
+    ap.add_argument("-m", "--model", default="default", help="'default', a GGUF file or a Hugging Face directory")
     args = ap.parse_args()
     precision, n = args.precision, args.prompt
-    model = load_model("default", progress=False)
+    model = load_model(args.model, progress=False)
     s = CompiledSession.from_weights(model.config, model.weights, n_ctx=n + 8, threads=args.threads, weights_key=model.key,
                         precision=precision, max_chunk=args.chunk)
     module = s.module
@@ -109,7 +110,7 @@ def main() -> None:
     prompt = [int(t) for t in np.random.default_rng(0).integers(1000, 100000, n)]
     prof = profile(model, prompt, module, precision, args.threads)
     print_profile(prof, 10)
-    append({"bench": "profile", "precision": precision, "prompt": n, "march": module.options.march,
+    append({"bench": "profile", "model": str(model.source), "precision": precision, "prompt": n, "march": module.options.march,
             "chunk": args.chunk, "profile_threads": args.threads, **prof})
 
 

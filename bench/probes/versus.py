@@ -9,7 +9,8 @@ median is the figure; medians, minima and spread of each engine's rates beside t
 
 An engine@build is one built otherwise (bench/report/engines.engine_named): our library built for
 an x86-64 level (NANOCOMPILE_MARCH), llama.cpp from another interpreter built for AVX2 only
-(NANOCOMPILE_BENCH_AVX2_PYTHON). The first engine named is judged against the second. Appends to
+(NANOCOMPILE_BENCH_AVX2_PYTHON). Engines are judged in pairs as named: the first against the
+second, the third against the fourth, ... Appends to
 bench/results.jsonl with the CPU, the levels the engines were built for and every round.
 """
 from __future__ import annotations
@@ -79,21 +80,24 @@ def main() -> None:
                 rss[e.id].append(out["process"]["peak_rss_bytes"])
             print(f"round {r}: " + ", ".join(f"{e.id} pp {rates[e.id]['pp'][-1]:.1f} tg {rates[e.id]['tg'][-1]:.2f} t/s"
                                              for e in engines), flush=True)
-    ours, peer = engines[0].id, engines[1].id if len(engines) > 1 else None
     result = {"bench": "versus", "model": files["source"], "engines": [e.id for e in engines], "pp": args.pp,
               "tg": args.tg, "rounds": args.rounds, "builds": {e.id: e.build or "this CPU" for e in engines},
               "rates": {e: {t: summary(v) for t, v in by.items()} for e, by in rates.items()},
-              "peak_rss_bytes": {e: max(v) for e, v in rss.items()}, "by_round": rates}
-    if peer:
+              "peak_rss_bytes": {e: max(v) for e, v in rss.items()}, "by_round": rates, "pairs": []}
+    for i in range(0, len(engines) - 1, 2):
+        ours, peer = engines[i].id, engines[i + 1].id
+        pair = {"ours": ours, "peer": peer}
         for test in ("pp", "tg"):
             ratios = [a / b for a, b in zip(rates[ours][test], rates[peer][test])]
             wins = sum(x > 1 for x in ratios)
-            result[f"{test}_ratio"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-                                       "faster_in": wins, "p": two_sided_sign_test(wins, len(ratios))}
+            pair[f"{test}_ratio"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+                                     "faster_in": wins, "p": two_sided_sign_test(wins, len(ratios))}
             print(f"{test}{args.pp if test == 'pp' else args.tg}: {ours} / {peer} {statistics.median(ratios):.3f}x "
                   f"(rounds {', '.join(f'{x:.2f}' for x in ratios)}; faster in {wins} of {len(ratios)})")
+        pair["rss_ratio"] = result["peak_rss_bytes"][ours] / result["peak_rss_bytes"][peer]
         print(f"peak RSS: {ours} {result['peak_rss_bytes'][ours] / 2**20:.0f} MiB, "
-              f"{peer} {result['peak_rss_bytes'][peer] / 2**20:.0f} MiB")
+              f"{peer} {result['peak_rss_bytes'][peer] / 2**20:.0f} MiB ({pair['rss_ratio']:.2f}x)")
+        result["pairs"].append(pair)
     append(result)
 
 
