@@ -405,6 +405,49 @@ static inline nc_i32x8 nc_dot4us_8(nc_i32x8 acc, const int8_t *x, const int8_t *
 {
     return nc_dot4u_small_8(acc, x, _mm256_load_si256((const __m256i *)u));
 }
+/* Pair sums (schedule/pairs.py): without VNNI an accumulator of int16 pairs, each lane two
+ * halves adding vpmaddubsw's pair sums (vpaddw: exact while the pass's bound holds), widened once
+ * where it is read, by vpmaddwd with ones (nc_pairs_sum_8) or with an int8 value in both halves
+ * (nc_pairs_mul_8: a sub-block's scale). With VNNI it is an int32 sum as nc_dot4u_small_8 keeps. */
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+static inline nc_i32x8 nc_dot4u_pairs_8(nc_i32x8 acc, const int8_t *x, __m256i u)
+{
+    return nc_dot4u_small_8(acc, x, u);
+}
+static inline nc_i32x8 nc_pairs_sum_8(nc_i32x8 pairs) { return pairs; }
+static inline nc_i32x8 nc_pairs_mul_8(nc_i32x8 pairs, nc_i32x8 v) { return pairs * v; }
+#else
+static inline nc_i32x8 nc_dot4u_pairs_8(nc_i32x8 acc, const int8_t *x, __m256i u)
+{
+    return (nc_i32x8)_mm256_add_epi16((__m256i)acc, _mm256_maddubs_epi16(u, _mm256_set1_epi32(nc_x4(x))));
+}
+static inline nc_i32x8 nc_pairs_sum_8(nc_i32x8 pairs)
+{
+    return (nc_i32x8)_mm256_madd_epi16((__m256i)pairs, _mm256_set1_epi16(1));
+}
+static inline nc_i32x8 nc_pairs_mul_8(nc_i32x8 pairs, nc_i32x8 v)
+{
+    __m256i low = _mm256_and_si256((__m256i)v, _mm256_set1_epi32(0xffff));
+    __m256i both = _mm256_or_si256(_mm256_slli_epi32((__m256i)v, 16), low);
+    return (nc_i32x8)_mm256_madd_epi16((__m256i)pairs, both);
+}
+#endif
+static inline nc_i32x8 nc_dot4usp_8(nc_i32x8 acc, const int8_t *x, const int8_t *u)
+{
+    return nc_dot4u_pairs_8(acc, x, _mm256_load_si256((const __m256i *)u));
+}
+static inline nc_i32x8 nc_dot4u4p_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)
+{
+    return nc_dot4u_pairs_8(acc, x, nc_bytes4_8(p, i));
+}
+static inline nc_i32x8 nc_dot4u5p_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)
+{
+    return nc_dot4u_pairs_8(acc, x, nc_bytes5_8(p, i));
+}
+static inline nc_i32x8 nc_dot4u6p_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)
+{
+    return nc_dot4u_pairs_8(acc, x, nc_bytes6_8(p, i));
+}
 #endif
 
 #endif

@@ -20,7 +20,7 @@ def test_chunk_sizes_that_cannot_be_built_are_refused(chunks, why):
 @pytest.mark.parametrize("args, why", [
     (["PrefetchNext", "--rounds", "0"], "--rounds and --pp at least 1, --tg at least 0 (got 0, 512, 16)"),
     (["PrefetchNext", "--rounds", "x"], "argument --rounds: invalid int value: 'x'"),
-    (["Split"], "argument directive: invalid choice: 'Split' (choose from 'PrefetchNext', 'Unpack')")])
+    (["Split"], "argument directive: invalid choice: 'Split' (choose from 'PairSums', 'PrefetchNext', 'Unpack')")])
 def test_directive_ab_refuses_what_it_cannot_run(args, why):
     """bench/probes/without.py: rounds below 1, a number that is not one, a directive the recipes
     do not hold: one line, nothing loaded."""

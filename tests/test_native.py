@@ -98,9 +98,11 @@ def five_bits_here() -> bool:
     return vector_lanes(detect_march()[0]) in (8, 16)
 
 
-def narrow_dot(bits: int) -> str:
-    """The C helper a dot product on `bits`-bit weights calls at the target's lanes."""
-    return f"nc_dot4u{bits}_{vector_lanes(detect_march()[0])}("
+def narrow_dot(bits: int, source: str) -> bool:
+    """Whether source calls a dot product on `bits`-bit weights at the target's lanes (at 8, the
+    one summing int16 pairs too: schedule/pairs.py)."""
+    lanes = vector_lanes(detect_march()[0])
+    return f"nc_dot4u{bits}_{lanes}(" in source or f"nc_dot4u{bits}p_{lanes}(" in source
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +167,7 @@ def test_native_library_is_bitwise_its_unscheduled_build_and_the_interpreter(tin
     # up falls back to 8 bits) and layer 0's Q5_0 down
     split = sorted(n for n in compiled.module.kernels if n.endswith("bit"))
     assert len(split) == (3 if five_bits_here() else 0), split
-    assert (narrow_dot(5) in (compiled.lib.path.parent / "model.c").read_text()) == five_bits_here()
+    assert narrow_dot(5, (compiled.lib.path.parent / "model.c").read_text()) == five_bits_here()
     assert_bitwise_agree(compiled, plain, interp, ids)
     capfd.readouterr()
     again = open_session(model, "compiled", n_ctx=128, threads=2, precision="native")  # from the cache
@@ -314,7 +316,7 @@ def test_k_formats_run_as_stored_bitwise(tiny_k, monkeypatch):
     interp = InterpreterSession.from_weights(model.config, model.weights, n_ctx=128, precision="native")
     source = (compiled.lib.path.parent / "model.c").read_text()
     for bits in (4, 6):
-        assert (narrow_dot(bits) in source) == five_bits_here(), bits
+        assert narrow_dot(bits, source) == five_bits_here(), bits
     assert ("model.layers.1.mlp.down_proj.weight.qs" in compiled.module.narrow_weights) == five_bits_here()
     assert_bitwise_agree(compiled, plain, interp, ids)
 

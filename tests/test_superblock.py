@@ -5,7 +5,7 @@ every target this CPU runs, and the quants kept in the fewest bits the format al
 schedule/narrow.py) where 16 lanes take them, at 1, 2, 3 and 8 threads with guard regions."""
 import numpy as np
 import pytest
-from helpers import THREADS, make_graph, superblock_values, use_target
+from helpers import THREADS, graph_kernels, make_graph, superblock_values, use_target
 from test_int8 import TARGETS, activations
 
 from nanocompile.compiler.graph_library import GraphLibrary
@@ -137,33 +137,64 @@ def test_recipe_kernels_are_bitwise_at_every_target(march, name, monkeypatch):
         check_bitwise(lib, g, w, np.random.default_rng(6))
 
 
-def narrow_schedule(k, fmt, columns, rows):
+def narrow_schedule(k, fmt, columns, rows, lanes=16, dot_offset=128):
     """The recipe with the quants in the format's fewest bits (as a GGUF's K-format blocks are
     scheduled in a native library)."""
     col, row, supers, subs, products = _superblock_column_loop(k)
     weights = frozenset(p.name for p in k.params if p.access == "read" and p.name != "p1")
     quants, scales = _superblock_operands(k, supers, subs, products, weights)
     narrow = {quants[0]: narrow_storage(fmt)}
-    return tuple(superblock_projection(col, row, supers, subs, products, 16, quants, scales, 128, columns, rows, narrow))
+    return tuple(superblock_projection(col, row, supers, subs, products, lanes, quants, scales, dot_offset, columns,
+                                       rows, narrow))
+
+
+# 4-bit quants without an offset: a sub-block's dot products summed in int16 pairs at 8 lanes
+PAIRED = {"Q4_K", "Q2_K"}
 
 
 @pytest.mark.parametrize("name", K_FORMATS)
 @pytest.mark.parametrize("columns, rows", [(1, 0), (2, 3)])
-def test_narrow_kernels_are_bitwise(name, columns, rows, monkeypatch):
-    """Q4_K, Q3_K and Q2_K in 4 bits, Q5_K in 5, Q6_K in 6: nc_dot4u<bits>_16 rebuilds each
-    byte; the sum of the activations corrects an offset (Q6_K's 32, Q3_K's 4) once per
-    sub-block, and is what the sub-mins multiply."""
-    if "x86-64-v4+vnni" not in runnable_targets():
-        pytest.skip("this CPU has no AVX-512 VNNI: weights stay in 8 bits")
-    monkeypatch.setenv("NANOCOMPILE_MARCH", "x86-64-v4+vnni")
+@pytest.mark.parametrize("march", ["x86-64-v4+vnni", "x86-64-v3+vnni", "x86-64-v3"])
+def test_narrow_kernels_are_bitwise(march, name, columns, rows, monkeypatch):
+    """Q4_K, Q3_K and Q2_K in 4 bits, Q5_K in 5, Q6_K in 6: nc_dot4u<bits> rebuilds each byte;
+    the sum of the activations corrects an offset (Q6_K's 32, Q3_K's 4) once per sub-block, and
+    is what the sub-mins multiply. At 8 lanes the 4-bit quants without an offset are summed in
+    int16 pairs (schedule/pairs.py) and multiplied by their sub-scales by vpmaddwd; row tiles read
+    the bytes unpacked once per column block."""
+    use_target(march, monkeypatch)
+    lanes = vector_lanes(march)
     fmt, _, w = weights_of(name, seed=7)
     g = superblock_graph(fmt, 512, 64)
     bits, offset = narrow_storage(fmt)
-    lib = GraphLibrary(g, fuse=True, schedule=lambda k: narrow_schedule(k, fmt, columns, rows)
+    lib = GraphLibrary(g, fuse=True, schedule=lambda k: narrow_schedule(k, fmt, columns, rows, lanes,
+                                                                        dot_weight_offset(march))
                        if _superblock_column_loop(k) else ())
-    assert f"nc_dot4u{bits}_16(" in lib.source
+    paired = lanes == 8 and name in PAIRED
+    assert (f"nc_dot4u{bits}p_{lanes}(" if paired else f"nc_dot4u{bits}_{lanes}(") in lib.source
+    assert ("nc_pairs_mul_8(" in lib.source) == paired and ("nc_dot4usp_8(" in lib.source) == (paired and rows > 0)
     assert ("nc_sum_i8(" in lib.source) == (offset > 0 or fmt.has_min)
     check_bitwise(lib, g, w, np.random.default_rng(8))
+
+
+def test_pair_sums_refuse_what_could_leave_int16():
+    """Eight dot products of 4 on 4-bit bytes stay within int16 (8 * 2 * 15 * 128 = 30720), eight
+    on 5-bit ones or four on 6-bit ones may not: PairSums finds no sum to keep in pairs there."""
+    from nanocompile.schedule import Pack, PairSums, ScheduleError, apply
+    from nanocompile.schedule.pairs import pairs_fit
+
+    assert pairs_fit(8, 4) and not pairs_fit(9, 4) and pairs_fit(4, 5) and not pairs_fit(8, 5)
+    assert not pairs_fit(4, 6) and pairs_fit(2, 6) and not pairs_fit(1, 8)
+    for name in ("Q4_K", "Q5_K", "Q6_K"):
+        fmt, _, _ = weights_of(name, seed=7)
+        k = next(k for k in graph_kernels(superblock_graph(fmt, 512, 64)).values() if _superblock_column_loop(k))
+        schedule = narrow_schedule(k, fmt, 1, 0, 8, 0)
+        quants = next(d.param for d in schedule if isinstance(d, Pack) and d.bits < 8)
+        assert any(isinstance(d, PairSums) for d in schedule) == (name == "Q4_K")
+        plain = tuple(d for d in schedule if not isinstance(d, PairSums))
+        if name == "Q4_K":
+            apply(k, plain + (PairSums(quants),))
+        with pytest.raises(ScheduleError, match="fits int16 pairs"):
+            apply(k, plain + (PairSums(quants if name != "Q4_K" else "p9"),))
 
 
 def test_operands_are_checked():

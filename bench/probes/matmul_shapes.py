@@ -212,7 +212,7 @@ def measure_native(rounds: int, machine: dict, formats=None) -> list[dict]:
     import numpy as np
 
     from nanocompile.compiler.graph_library import GraphLibrary
-    from nanocompile.schedule import Unpack
+    from nanocompile.schedule import PairSums, Unpack
 
     print("| shape | K x N | format | rows | schedule | nanocompile us, median | roofline us | roofline / nanocompile |\n"
           "|---|---|---|---|---|---|---|---|")
@@ -228,10 +228,11 @@ def measure_native(rounds: int, machine: dict, formats=None) -> list[dict]:
             copies = [weights] + [{key: a.copy() for key, a in weights.items()}
                                   for _ in range(max(0, int(COLD_BYTES // wbytes)))]
             engines = {"recipe": GraphLibrary(g, max_seq=max(NATIVE_ROWS), schedule=schedule)}
-            if "nc_unpack" in engines["recipe"].source:
-                def less(kernel):
-                    return tuple(d for d in schedule(kernel) if not isinstance(d, Unpack))
-                engines["less Unpack"] = GraphLibrary(g, max_seq=max(NATIVE_ROWS), schedule=less)
+            for kind_of, mark in ((Unpack, "nc_unpack"), (PairSums, "nc_pairs_")):  # what each directive gives
+                if mark in engines["recipe"].source:
+                    def less(kernel, kind_of=kind_of):
+                        return tuple(d for d in schedule(kernel) if not isinstance(d, kind_of))
+                    engines[f"less {kind_of.__name__}"] = GraphLibrary(g, max_seq=max(NATIVE_ROWS), schedule=less)
             runs, turn = {}, {}
             for e, lib in engines.items():
                 runs[e] = [lib.bind({"seq": m, "past": 0}, inputs, c, threads=THREADS) for c in copies]

@@ -1,6 +1,7 @@
 """The default model with the recipes as they are and with the recipes less one kind of directive
 (PrefetchNext: a projection's row tiles fetch its next column block; Unpack: a narrow weight's
-bytes rebuilt once per column block), both libraries loaded in one process and alternated round by
+bytes rebuilt once per column block; PairSums: a sub-block's 4-bit dot products summed in int16
+pairs), or another model file (-m), both libraries loaded in one process and alternated round by
 round: a prompt (pp) and tokens after it (tg) each round. Why a directive is in the recipes, at a
 precision and an x86-64 level; a sign test over the rounds says whether the difference is more than
 the machine's noise.
@@ -46,7 +47,8 @@ def main() -> None:
     from nanocompile.models import load_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("directive", choices=["PrefetchNext", "Unpack"])
+    ap.add_argument("directive", choices=["PairSums", "PrefetchNext", "Unpack"])
+    ap.add_argument("-m", "--model", default="default", help="'default', a GGUF file or a Hugging Face directory")
     ap.add_argument("--precision", default="f32", choices=list(PRECISIONS))
     ap.add_argument("--march", default=None, help="an x86-64 level below this CPU's (default: this CPU's)")
     ap.add_argument("--rounds", default=40, type=int)
@@ -56,7 +58,7 @@ def main() -> None:
     if args.rounds < 1 or args.pp < 1 or args.tg < 0:
         ap.error(f"--rounds and --pp at least 1, --tg at least 0 (got {args.rounds}, {args.pp}, {args.tg})")
     pin_threads()
-    model = load_model("default", progress=False)
+    model = load_model(args.model, progress=False)
     ids = [int(t) for t in np.random.default_rng(0).integers(1000, 100000, args.pp + args.tg)]
 
     def session():
@@ -88,7 +90,7 @@ def main() -> None:
               flush=True)
     for s in sessions.values():
         s.close()
-    result = {"bench": "without", "directive": args.directive, "precision": args.precision,
+    result = {"bench": "without", "directive": args.directive, "model": str(model.source), "precision": args.precision,
               "march": args.march or "this CPU's", "rounds": args.rounds, "pp": args.pp, "tg": args.tg}
     for test in ("pp", "tg") if args.tg else ("pp",):
         ratios = [a / b for a, b in zip(*speeds[test].values())]

@@ -8,7 +8,7 @@ import numpy as np
 from ..ir.expr import Expr
 from ..loopir.affine import build, linear
 from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, ByteSum, Cast, Dot, FConst, Fma, IConst, Lane, LaneMax, Load,
-                         Loop, NarrowByte, Poly, Prefetch, Select, Store, Un, UnpackBytes, Var, dtype_of)
+                         Loop, NarrowByte, PAIRS, Poly, Prefetch, Select, Store, Un, UnpackBytes, Var, dtype_of)
 from ..loopir.traverse import fold, walk
 from ..loopir.traverse import statements as all_statements
 
@@ -134,7 +134,8 @@ def statements(body, dtypes: dict | None = None, vector=None) -> list[dict]:
     and local's dtype (for vector code); inside a vector loop, vector is the VectorC that renders
     its lanes."""
     dtypes = dict(dtypes or {})
-    dtypes.update({s.name: s.dtype for s in all_statements(body) if isinstance(s, AccInit)})
+    # int16 pairs are an int32 sum wherever they are read (schedule/pairs.py)
+    dtypes.update({s.name: "i32" if s.dtype == PAIRS else s.dtype for s in all_statements(body) if isinstance(s, AccInit)})
     dtypes.update({s.local: "i8" for s in all_statements(body) if isinstance(s, UnpackBytes)})
     out = []
     for s in body:
@@ -190,6 +191,7 @@ class VectorC:
         self.dtypes = dtypes
         self.vectors: set[str] = set()  # accumulators held as vectors
         self.unpacked = {s.local for s in all_statements(body) if isinstance(s, UnpackBytes)}
+        self.pairs = {s.name for s in all_statements(body) if isinstance(s, AccInit) and s.dtype == PAIRS}
         changed = True
         while changed:  # an accumulator is a vector if any value assigned to it is
             changed = False
@@ -254,21 +256,30 @@ class VectorC:
             if (e.b_offset or e.b_bits != 8) and w is not e.b:
                 raise TypeError(f"the unsigned operand {e.b.param} of a dot product is the same in every lane")
             helper = "nc_dot4u" if e.b_offset else "nc_dot4"  # u: w's bytes multiplied unsigned
+            pairs = isinstance(e.acc, Acc) and e.acc.name in self.pairs  # int16 pairs (schedule/pairs.py)
+            acc = e.acc.name if pairs else self.splat(e.acc)
             if w.param in self.unpacked:  # rebuilt bytes within [0, 63], in 8 bits (schedule/unpack.py)
-                return (f"nc_dot4us_{self.lanes}({self.splat(e.acc)}, {self.address(x.param, x.index)}, "
+                return (f"nc_dot4us{'p' if pairs else ''}_{self.lanes}({acc}, {self.address(x.param, x.index)}, "
                         f"{self.address(w.param, w.index)})")
             if e.b_bits != 8 and self.lanes == 8:  # half a 64-byte unit: the helper finds it from the 8-bit index
                 terms, const = linear(w.index)
                 terms.pop(Lane(), None)
-                return (f"nc_dot4u{e.b_bits}_8({self.splat(e.acc)}, {self.address(x.param, x.index)}, {w.param}, "
-                        f"{c(build(terms, const), False)})")
+                return (f"nc_dot4u{e.b_bits}{'p' if pairs else ''}_8({acc}, {self.address(x.param, x.index)}, "
+                        f"{w.param}, {c(build(terms, const), False)})")
+            if pairs:
+                raise TypeError(f"{e.acc.name}: int16 pair sums of {w.param} at {self.lanes} lanes")
             if e.b_bits != 8:  # 64 bytes kept in 8 * bits (schedule/narrow.py): the 8-bit index times bits/8
                 return (f"nc_dot4u{e.b_bits}_{self.lanes}({self.splat(e.acc)}, {self.address(x.param, x.index)}, "
                         f"{self.address(w.param, w.index, e.b_bits, 8)})")
             return (f"{helper}_{self.lanes}({self.splat(e.acc)}, {self.address(x.param, x.index)}, "
                     f"{self.address(w.param, w.index)})")
+        if isinstance(e, Acc) and e.name in self.pairs:  # int16 pairs read: their int32 sum
+            return f"nc_pairs_sum_{self.lanes}({e.name})"
         if isinstance(e, Acc):
             return e.name
+        if isinstance(e, Bin) and e.op == "*" and self._pairs_times_int8(e):  # one vpmaddwd
+            pairs, other = (e.a, e.b) if isinstance(e.a, Acc) and e.a.name in self.pairs else (e.b, e.a)
+            return f"nc_pairs_mul_{self.lanes}({pairs.name}, {self.splat(other)})"
         if isinstance(e, (Bin, Un)):
             return operator(e, self.expr, lambda op: vector_function(op, self.lanes), wrap)
         if isinstance(e, Fma):  # lane-uniform operands broadcast: each lane is the scalar fmaf
@@ -279,11 +290,22 @@ class VectorC:
             return wrap(f"{c(e.cond, False)} ? {self.splat(e.a)} : {self.splat(e.b)}")
         raise TypeError(f"no vector form for {e!r}")
 
+    def _pairs_times_int8(self, e: Bin) -> bool:
+        """e multiplies int16 pairs by an int8 value (a sub-block's integer scale): vpmaddwd takes it
+        in both halves of each lane, exactly."""
+        for pairs, other in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(pairs, Acc) and pairs.name in self.pairs:
+                return (isinstance(other, Cast) and other.dtype == "i32" and isinstance(other.a, Load)
+                        and self.dtypes[other.a.param] == "i8")
+        return False
+
     def statement(self, s) -> str:
         if isinstance(s, Store):
             if self.dtypes[s.param] == "i8":  # Vectorize allows only i8(float32 value) here
                 return f"nc_store_i8_{self.lanes}({self.address(s.param, s.index)}, {self.splat(s.value.a)});"
             return f"nc_store{self.lanes}({self.address(s.param, s.index)}, {self.splat(s.value)});"
+        if isinstance(s, AccInit) and s.dtype == PAIRS:  # int16 pairs of zeros, in an int32 vector
+            return f"{self.vtype('i32')} {s.name} = nc_splat_i32_{self.lanes}(0);"
         if isinstance(s, AccInit):
             if s.name in self.vectors:
                 return f"{self.vtype(s.dtype)} {s.name} = {self.splat(s.value)};"

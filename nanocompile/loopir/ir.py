@@ -263,6 +263,10 @@ class UnpackBytes(Node):
 
 STATEMENTS = (Loop, Store, AccInit, AccUpdate, Prefetch, UnpackBytes)
 
+# an AccInit's dtype for an int32 sum of unsigned-by-signed dot products kept as int16 pairs until
+# it is read (schedule/pairs.py); read, it is an int32 like any other
+PAIRS = "i16x2"
+
 
 @dataclass(frozen=True)
 class Param:

@@ -6,18 +6,19 @@ import dataclasses
 
 from ..loopir.ir import Kernel
 from .blocking import pack
-from .directives import (DotProduct, LaneReduce, Pack, Parallel, PrefetchNext, Reorder, ScheduleError, Split, Unpack,
+from .directives import (DotProduct, LaneReduce, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split, Unpack,
                          Unroll, UnrollJam, Vectorize)
 from .dot import dot_product
 from .lanes import lane_reduce
 from .loops import check_chunks, parallel, reorder, split, unroll, unroll_jam
 from .prefetch import prefetch_next
+from .pairs import pair_sums
 from .unpack import unpack
 from .vector import check_lanes, vectorize
 
 RULES = {Split: split, Reorder: reorder, Unroll: unroll, UnrollJam: unroll_jam, Vectorize: vectorize, Pack: pack,
          Parallel: parallel, DotProduct: dot_product, LaneReduce: lane_reduce, PrefetchNext: prefetch_next,
-         Unpack: unpack}
+         Unpack: unpack, PairSums: pair_sums}
 
 
 def apply(k: Kernel, schedule) -> Kernel:

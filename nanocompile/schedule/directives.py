@@ -152,6 +152,18 @@ class Unpack:
 
 
 @dataclass(frozen=True)
+class PairSums:
+    """Keep each int32 sum of param's dot products (param kept in 4-6 bits, read unsigned at 8
+    lanes) that starts at zero and is summed by one loop as vpmaddubsw's int16 pairs, added with
+    vpaddw and widened once where the sum is read (schedule/pairs.py): where the largest such sum
+    fits int16, so no value changes. With VNNI the pairs are plain int32 sums (vpdpbusd)."""
+    param: str
+
+    def __str__(self) -> str:
+        return f"PairSums({self.param})"
+
+
+@dataclass(frozen=True)
 class Parallel:
     """Split the iterations of loop `loop` across the threads."""
     loop: str

@@ -40,9 +40,11 @@ from ..loopir.affine import linear
 from ..loopir.ir import AccInit, AccUpdate, IConst, Kernel, Loop, Poly, Var
 from ..loopir.traverse import find_loop, loads, loops
 from .apply import apply, first_legal, is_legal
-from .directives import (DotProduct, LaneReduce, Pack, Parallel, PrefetchNext, Reorder, ScheduleError, Split, Unpack,
+from .directives import (DotProduct, LaneReduce, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split, Unpack,
                          Unroll, UnrollJam, Vectorize)
 from .loops import check_parallel, check_unroll_jam, has_tail
+from .pairs import LANES as PAIR_LANES
+from .pairs import pairs_fit
 from .unpack import MOST_BYTES as UNPACK_BYTES
 
 # a projection's register tile by lanes: (rows sharing each vector of weights, vector
@@ -180,8 +182,12 @@ def superblock_projection(col: Loop, row, supers: Loop, subs: Loop, products: Lo
     """A superblock_matmul as an int8 projection (block_projection): the quants in dot products
     of 4, each integer sub-scale, sub-min and float16 super-scale packed so the lanes' are adjacent."""
     elements = supers.extent.value * subs.extent.value * products.extent.value
-    return _quantized_projection(col, row, elements, products.var, lanes, quants, scales, dot_offset, columns, rows,
-                                 narrow)
+    directives = _quantized_projection(col, row, elements, products.var, lanes, quants, scales, dot_offset, columns,
+                                       rows, narrow)
+    # a sub-block's dot products in int16 pairs where they fit (schedule/pairs.py: 4-bit quants)
+    fewer = lanes == PAIR_LANES and narrow or {}
+    return directives + [PairSums(p) for p in quants if p in fewer and fewer[p][1] == 0
+                         and pairs_fit(products.extent.value // 4, fewer[p][0])]
 
 
 def _candidates(k: Kernel, lanes: int, weights: frozenset, state: frozenset = frozenset(), dot_offset: int = 0,
