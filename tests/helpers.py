@@ -9,7 +9,8 @@ import pytest
 
 from nanocompile.codegen.options import Options
 from nanocompile.compiler.driver import compile_program
-from nanocompile.ir import PAST, SEQ, GraphBuilder
+from nanocompile.frontend import nn
+from nanocompile.ir import PAST, SEQ, GraphBuilder, interpreter
 from nanocompile.ir.expr import evaluate_shape
 from nanocompile.ir.signature import StepProgram, plain_signature
 from nanocompile.target import cpu_flags, detect_march, level_flags, missing_flags, vector_lanes
@@ -216,3 +217,44 @@ def greedy_run(session, ids, n):
         tokens.append(int(np.argmax(logits)))
         logits = session.step([tokens[-1]])
     return {"tokens": tokens, "step_logits": steps, "prompt_logits": prompt_logits}
+
+
+# int8 projections (test_int8, test_narrow, test_superblock) -------------------------------------
+
+TARGETS = ["x86-64-v4+vnni", "x86-64-v4", "x86-64-v3+vnni", "x86-64-v3", "x86-64"]
+ENVS = [{"seq": s, "past": p} for s in (1, 3, 7) for p in (0, 5)]
+
+
+def projection_graph(k, n):
+    """x f32[seq, k] quantized in blocks, times an int8 weight [n, k]: both outputs and the
+    quantized activations."""
+    kp = nn.padded(k)
+
+    def build(b):
+        x = b.input("x", [SEQ, k])
+        xq, xd = nn.quantize_blocks(b, x)
+        return [b.block_matmul(xq, xd, b.weight("wq", [n, kp], "i8"), b.weight("wd", [n, kp // 32], "f16")), xq, xd]
+
+    return make_graph(f"q8_{k}x{n}", build)
+
+
+def activations(seq, k, rng, kind="normal"):
+    x = (rng.standard_normal((seq, k)) * 3).astype(np.float32)
+    if kind == "zero_block":
+        x[:, :32] = 0.0
+    elif kind == "outlier":
+        x[:, 5] = 1e4  # one large value: the rest of its block rounds to 0
+    return x
+
+
+def check_bitwise(lib, g, w, rng, threads=THREADS, kinds=("normal", "zero_block", "outlier"), envs=ENVS[::2]):
+    k = g.inputs()["x"].shape[1].as_int()
+    for env in envs:
+        for kind in kinds:
+            x = activations(env["seq"], k, rng, kind)
+            want = interpreter.run(g, env, {"x": x}, w)
+            for t in threads:
+                got = lib.run(env, {"x": x}, w, threads=t)
+                for key in want:
+                    assert got[key].dtype == want[key].dtype
+                    assert np.array_equal(got[key].view(np.uint8), want[key].view(np.uint8)), (key, env, kind, t)

@@ -11,14 +11,13 @@ import subprocess
 import numpy as np
 import pytest
 from bench.support.tiny import random_weights, tiny_config
-from helpers import THREADS, graph_kernels, greedy_run, make_graph, use_target
+from helpers import (TARGETS, THREADS, activations, check_bitwise, graph_kernels, greedy_run, projection_graph, use_target)
 
 from nanocompile.codegen.options import DEFAULT_CHUNK
 from nanocompile.compiler.graph_library import GraphLibrary
 from nanocompile.engine.compiled import CompiledSession
 from nanocompile.engine.interpreted import InterpreterSession
-from nanocompile.frontend import nn
-from nanocompile.ir import SEQ, interpreter
+from nanocompile.ir import interpreter
 from nanocompile.loopir.ir import format_kernel
 from nanocompile.models.quantize import quantize_q8_0, split_q8_0
 from nanocompile.schedule import DotProduct, LaneReduce, Pack, Parallel, ScheduleError, UnrollJam, Vectorize, apply
@@ -27,48 +26,9 @@ from nanocompile.target import dot_weight_offset, runnable_targets, vector_lanes
 
 pytestmark = pytest.mark.c
 
-TARGETS = ["x86-64-v4+vnni", "x86-64-v4", "x86-64-v3+vnni", "x86-64-v3", "x86-64"]
-ENVS = [{"seq": s, "past": p} for s in (1, 3, 7) for p in (0, 5)]
-
-
-def projection_graph(k, n):
-    """x f32[seq, k] quantized in blocks, times an int8 weight [n, k]: both outputs and the
-    quantized activations."""
-    kp = nn.padded(k)
-
-    def build(b):
-        x = b.input("x", [SEQ, k])
-        xq, xd = nn.quantize_blocks(b, x)
-        return [b.block_matmul(xq, xd, b.weight("wq", [n, kp], "i8"), b.weight("wd", [n, kp // 32], "f16")), xq, xd]
-
-    return make_graph(f"q8_{k}x{n}", build)
-
-
 def weights(k, n, seed=0):
     qs, d = quantize_q8_0(np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32))
     return {"wq": qs, "wd": d}
-
-
-def activations(seq, k, rng, kind="normal"):
-    x = (rng.standard_normal((seq, k)) * 3).astype(np.float32)
-    if kind == "zero_block":
-        x[:, :32] = 0.0
-    elif kind == "outlier":
-        x[:, 5] = 1e4  # one large value: the rest of its block rounds to 0
-    return x
-
-
-def check_bitwise(lib, g, w, rng, threads=THREADS, kinds=("normal", "zero_block", "outlier"), envs=ENVS[::2]):
-    k = g.inputs()["x"].shape[1].as_int()
-    for env in envs:
-        for kind in kinds:
-            x = activations(env["seq"], k, rng, kind)
-            want = interpreter.run(g, env, {"x": x}, w)
-            for t in threads:
-                got = lib.run(env, {"x": x}, w, threads=t)
-                for key in want:
-                    assert got[key].dtype == want[key].dtype
-                    assert np.array_equal(got[key].view(np.uint8), want[key].view(np.uint8)), (key, env, kind, t)
 
 
 @pytest.mark.parametrize("k, n", [(64, 32), (70, 48), (45, 16)])  # 70 and 45: a shorter last block

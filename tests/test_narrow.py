@@ -4,8 +4,7 @@ unit: AVX2 and AVX-VNNI) that rebuild them exactly; bitwise against the interpre
 kernel, at every level this CPU runs."""
 import numpy as np
 import pytest
-from helpers import graph_kernels, use_target
-from test_int8 import check_bitwise, projection_graph
+from helpers import check_bitwise, graph_kernels, projection_graph, use_target
 
 from nanocompile.compiler.graph_library import GraphLibrary
 from nanocompile.schedule import DotProduct, Pack, Parallel, ScheduleError, Split, UnrollJam, Vectorize, apply

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bench.support.tiny import random_weights, tiny_config, write_gguf, write_hf_dir
 from helpers import K_TYPES, greedy_run, real_prompt_ids, superblock_values, write_k_gguf
 
+from bench.support.tiny import random_weights, tiny_config, write_gguf, write_hf_dir
 from nanocompile.codegen.options import DEFAULT_CHUNK
 from nanocompile.engine.compiled import CompiledSession
 from nanocompile.engine.interpreted import InterpreterSession, library_order
@@ -361,9 +361,9 @@ def test_a_k_format_embedding_is_gathered_as_stored(tiny_k_embedding):
     file's rows bit for bit; a tied head reads the same parts (superblock_matmul)."""
     from nanocompile.engine.open import resolve_precision
     from nanocompile.frontend.nn import gather_k
-    from nanocompile.ir.interpreter import run
     from nanocompile.ir.expr import Expr
     from nanocompile.ir.graph import GraphBuilder
+    from nanocompile.ir.interpreter import run
 
     model, _ = tiny_k_embedding
     precision, native = resolve_precision("auto", model.weights)

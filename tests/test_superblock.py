@@ -5,8 +5,7 @@ every target this CPU runs, and the quants kept in the fewest bits the format al
 schedule/narrow.py) where 16 lanes take them, at 1, 2, 3 and 8 threads with guard regions."""
 import numpy as np
 import pytest
-from helpers import THREADS, graph_kernels, make_graph, superblock_values, use_target
-from test_int8 import TARGETS, activations
+from helpers import TARGETS, THREADS, activations, graph_kernels, make_graph, superblock_values, use_target
 
 from nanocompile.compiler.graph_library import GraphLibrary
 from nanocompile.frontend import nn
@@ -16,7 +15,7 @@ from nanocompile.ir.ops import IRError
 from nanocompile.models.formats import dequantize, format_named
 from nanocompile.models.quantize import narrow_storage, split_superblocks, superblock_form, superblock_parts
 from nanocompile.schedule.recipes import _superblock_column_loop, _superblock_operands, superblock_projection
-from nanocompile.target import dot_weight_offset, runnable_targets, vector_lanes
+from nanocompile.target import dot_weight_offset, vector_lanes
 
 pytestmark = pytest.mark.c
 

@@ -7,8 +7,8 @@ import numpy as np
 
 from ..ir.expr import Expr
 from ..loopir.affine import build, linear
-from ..loopir.ir import (Acc, AccInit, AccUpdate, Bin, ByteSum, Cast, Dot, FConst, Fma, IConst, Lane, LaneMax, Load,
-                         Loop, NarrowByte, PAIRS, Poly, Prefetch, Select, Store, Un, UnpackBytes, Var, dtype_of)
+from ..loopir.ir import (PAIRS, Acc, AccInit, AccUpdate, Bin, ByteSum, Cast, Dot, FConst, Fma, IConst, Lane, LaneMax,
+                         Load, Loop, NarrowByte, Poly, Prefetch, Select, Store, Un, UnpackBytes, Var, dtype_of)
 from ..loopir.traverse import fold, walk
 from ..loopir.traverse import statements as all_statements
 
@@ -135,7 +135,8 @@ def statements(body, dtypes: dict | None = None, vector=None) -> list[dict]:
     its lanes."""
     dtypes = dict(dtypes or {})
     # int16 pairs are an int32 sum wherever they are read (schedule/pairs.py)
-    dtypes.update({s.name: "i32" if s.dtype == PAIRS else s.dtype for s in all_statements(body) if isinstance(s, AccInit)})
+    dtypes.update({s.name: "i32" if s.dtype == PAIRS else s.dtype for s in all_statements(body)
+                   if isinstance(s, AccInit)})
     dtypes.update({s.local: "i8" for s in all_statements(body) if isinstance(s, UnpackBytes)})
     out = []
     for s in body:

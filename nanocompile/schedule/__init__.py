@@ -9,8 +9,8 @@ value no order changes). recipes.py chooses a schedule per
 kernel class; program.py schedules a whole program, agreeing on weight layouts.
 """
 from .apply import apply, first_legal, is_legal
-from .directives import (DotProduct, LaneReduce, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split, Unpack,
-                         Unroll, UnrollJam, Vectorize)
+from .directives import (DotProduct, LaneReduce, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split,
+                         Unpack, Unroll, UnrollJam, Vectorize)
 from .loops import check_parallel
 from .program import schedule_program
 from .recipes import default_schedule

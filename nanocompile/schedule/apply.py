@@ -6,13 +6,13 @@ import dataclasses
 
 from ..loopir.ir import Kernel
 from .blocking import pack
-from .directives import (DotProduct, LaneReduce, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split, Unpack,
-                         Unroll, UnrollJam, Vectorize)
+from .directives import (DotProduct, LaneReduce, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split,
+                         Unpack, Unroll, UnrollJam, Vectorize)
 from .dot import dot_product
 from .lanes import lane_reduce
 from .loops import check_chunks, parallel, reorder, split, unroll, unroll_jam
-from .prefetch import prefetch_next
 from .pairs import pair_sums
+from .prefetch import prefetch_next
 from .unpack import unpack
 from .vector import check_lanes, vectorize
 

@@ -40,8 +40,8 @@ from ..loopir.affine import linear
 from ..loopir.ir import AccInit, AccUpdate, IConst, Kernel, Loop, Poly, Var
 from ..loopir.traverse import find_loop, loads, loops
 from .apply import apply, first_legal, is_legal
-from .directives import (DotProduct, LaneReduce, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split, Unpack,
-                         Unroll, UnrollJam, Vectorize)
+from .directives import (DotProduct, LaneReduce, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split,
+                         Unpack, Unroll, UnrollJam, Vectorize)
 from .loops import check_parallel, check_unroll_jam, has_tail
 from .pairs import LANES as PAIR_LANES
 from .pairs import pairs_fit
