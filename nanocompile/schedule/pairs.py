@@ -9,8 +9,9 @@ of each lane: one instruction a dot product instead of two, and one for the scal
 widening and vpmulld. Exact while no int16 sum can leave int16: a loop of n dot products adds at
 most n * 2 * (2**bits - 1) * 128 in each half (|activation| <= 128), so 4-bit weights (a
 Q4_K's 32-weight sub-block: 8 dot products, 30720) qualify and 5- and 6-bit ones over such a
-sub-block do not (PAIRS_FIT). With VNNI (vpdpbusd) the pairs are int32 sums and nothing
-changes. The sums, and so every output, are the same bits.
+sub-block do not (pairs_fit; summing them in shorter runs was measured and does not pay:
+docs/results/phase8.md). With VNNI (vpdpbusd) the pairs are int32 sums and nothing changes. The
+sums, and so every output, are the same bits.
 """
 from __future__ import annotations
 
