@@ -82,7 +82,7 @@ def _load_gguf(path: Path) -> LoadedModel:
     tokenizer = _gguf_tokenizer(gguf, key)
     weights = WeightSource({n: tuple(reversed(t.dims)) for n, t in gguf.tensors.items()}, gguf.convert, str(path),
                            key, lambda name: repr(gguf.gguf_name(name)), raw=gguf.raw,
-                           types={n: t.type for n, t in gguf.tensors.items()})
+                           types={n: t.type for n, t in gguf.tensors.items()}, convertible=gguf.check_convertible)
     return LoadedModel(gguf.config, weights, tokenizer, str(path), path.name, key=key,
                        tensor_types=gguf.tensor_types())
 

@@ -238,16 +238,21 @@ class GGUFModel:
         return t.type, np.memmap(self.path, dtype=np.uint8, mode="r", offset=t.start,
                                  shape=(t.n_bytes,)).reshape(rows, -1)
 
+    def check_convertible(self, name: str) -> None:
+        """ModelError unless the gguf library can convert the tensor to float32. Asked when a
+        tensor is to be converted, not when the file is opened: native runs most tensors as
+        stored, and a warm start converts none (importing the gguf library costs it 0.03 s)."""
+        t = self.tensors[name]
+        if not dequantizable(t.type):
+            self.fail(f"tensor {t.name!r} has type {t.type}, which the gguf library cannot dequantize")
+
     def convert(self, name: str) -> np.ndarray:
         """One tensor, by transformers' name, as float32 in transformers' layout ([out, in])."""
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
         t = self.tensors[name]
-        # asked here, not when the file is opened: native runs most tensors as stored, and a warm
-        # start converts none (importing the gguf library costs it 0.03 s)
-        if not dequantizable(t.type):
-            self.fail(f"tensor {t.name!r} has type {t.type}, which the gguf library cannot dequantize")
+        self.check_convertible(name)
         qtype = GGMLQuantizationType(t.type_id)
         _, raw = self.raw(name)
         with np.errstate(invalid="ignore", over="ignore"):  # a non-finite scale: reported by the finite check

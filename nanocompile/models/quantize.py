@@ -233,6 +233,9 @@ class NativeWeights(Int8Weights):
                                    if blocks is not None and superblock_form(format_named(kind))}
         self.fallbacks = {name: kind for name, kind in self.types.items() if name not in self.superblock_formats
                           and (blocks is None or not exact_in_int8(format_named(kind)))}
+        check = getattr(float_weights, "check_convertible", None)
+        for name in sorted(self.fallbacks) if check and blocks is not None else ():
+            check(name)  # a type no library reads is refused before the note on what is requantized
         self._parts: tuple[str, dict] | None = None
 
     @classmethod

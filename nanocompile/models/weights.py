@@ -32,17 +32,20 @@ class StoredBlocks(NamedTuple):
 class WeightSource(Mapping):
     def __init__(self, shapes: dict[str, tuple[int, ...]], convert: Callable[[str], np.ndarray], where: str,
                  content_key: str | None = None, tensor_label: Callable[[str], str] | None = None,
-                 raw: Callable[[str], tuple[str, np.ndarray]] | None = None, types: dict[str, str] | None = None):
+                 raw: Callable[[str], tuple[str, np.ndarray]] | None = None, types: dict[str, str] | None = None,
+                 convertible: Callable[[str], None] | None = None):
         """shapes: every tensor's name and shape; convert(name): that tensor as float32; where: the
         file or directory, for messages; content_key: the source's content hash, under which the
         finite check is recorded; tensor_label(name): the tensor's name in the file's own terms;
         raw(name): the tensor as stored (a GGUF's ggml type name and its bytes), for a precision
         that packs the file's own blocks; types: each tensor's stored type name, from the file's
-        tensor table (what raw(name)[0] says, without mapping the bytes)."""
+        tensor table (what raw(name)[0] says, without mapping the bytes); convertible(name): raises
+        ModelError if convert(name) would, without converting (check_convertible)."""
         self.shapes = dict(shapes)
         self._types = types
         self._convert = convert
         self._raw = raw
+        self._convertible = convertible
         self.where = where
         self.content_key = content_key
         self._label = tensor_label or (lambda name: repr(name))
@@ -65,6 +68,14 @@ class WeightSource(Mapping):
             array = self._convert(name)
             self._check_finite(name, array)
         return array
+
+    def check_convertible(self, name: str) -> None:
+        """ModelError now if the tensor cannot be converted to float32 (its type has no reader):
+        a weight form that will convert it says so before anything else."""
+        if name not in self.shapes:
+            raise KeyError(name)
+        if self._convertible is not None:
+            self._convertible(name)
 
     def raw(self, name: str) -> tuple[str, np.ndarray]:
         """The tensor as the file stores it: (its ggml type name, its bytes as uint8 rows), with

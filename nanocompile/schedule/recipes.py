@@ -168,7 +168,7 @@ def _superblock_projection(k: Kernel, col: Loop, row, supers: Loop, subs: Loop, 
     sums = sum(1 for s in col.body + supers.body if isinstance(s, AccInit))
     for columns in (2, 4, 1):
         # at least one row inside the columns: each column block's weights read by every row of
-        # a prefill chunk from cache, not once per row from memory (a Q4_K block at 8 lanes has
+        # a prefill chunk from L1 or L2, not once per row from memory (a Q4_K block at 8 lanes has
         # room for one row of its three sums)
         rows = max(1, min(SUPERBLOCK_ROWS, budget // (columns * sums)))
         if row is not None and not isinstance(row.extent, IConst):
