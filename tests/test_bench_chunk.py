@@ -1,4 +1,6 @@
-"""bench/probes/chunk.py and bench/probes/without.py refuse arguments they cannot run in one line, before loading anything."""
+"""bench/probes/chunk.py, bench/probes/without.py and bench/support/siblings.py refuse arguments
+they cannot run in one line, before loading anything."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,3 +30,16 @@ def test_directive_ab_refuses_what_it_cannot_run(args, why):
                        timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == f"without.py: error: {why}"
+
+
+@pytest.mark.parametrize("args, why", [
+    (["2B"], "argument sizes: invalid choice: '2B' (choose from '1.5B', '3B', '7B')"),
+    (["1.5B", "--threads", "0"], "argument --threads: '0': a whole number, at least 1")])
+def test_siblings_refuse_a_size_or_thread_count_they_cannot_make(args, why, tmp_path):
+    """bench/support/siblings.py: one line, nothing written."""
+    env = {**os.environ, "NANOCOMPILE_SIBLINGS": str(tmp_path / "siblings")}
+    r = subprocess.run([sys.executable, "-m", "bench.support.siblings", *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == f"python -m bench.support.siblings: error: {why}"
+    assert not (tmp_path / "siblings").exists()

@@ -172,10 +172,12 @@ def make_sibling(size: str, keep_f16: bool = False, threads: int = 2) -> Path:
 
 
 def main(argv=None) -> int:
+    from bench.support.measure import positive_int
+
     p = argparse.ArgumentParser(prog="python -m bench.support.siblings", description=__doc__.split("\n\n")[0])
     p.add_argument("sizes", nargs="+", choices=sorted(SHAPES))
     p.add_argument("--keep-f16", action="store_true", help="keep the float16 file beside the Q4_K_M one")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=positive_int, default=2, help="llama.cpp's quantizer threads")
     args = p.parse_args(argv)
     for size in args.sizes:
         print(make_sibling(size, args.keep_f16, args.threads))
