@@ -378,18 +378,6 @@ static inline __m256i nc_bytes6_8(const int8_t *p, int64_t i)
     __m256i high = _mm256_slli_epi16(_mm256_set_m128i(second, first), 4);
     return _mm256_or_si256(nc_nibble_half_8(unit, half), high);
 }
-static inline nc_i32x8 nc_dot4u4_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)
-{
-    return nc_dot4u_small_8(acc, x, nc_bytes4_8(p, i));
-}
-static inline nc_i32x8 nc_dot4u5_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)
-{
-    return nc_dot4u_small_8(acc, x, nc_bytes5_8(p, i));
-}
-static inline nc_i32x8 nc_dot4u6_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)
-{
-    return nc_dot4u_small_8(acc, x, nc_bytes6_8(p, i));
-}
 /* nc_unpack{4,5,6}_8(dst, p, i, n): the n bytes from byte i of the 8-bit layout (both multiples
  * of 32) rebuilt from their half units at p into dst (32-byte aligned), read by nc_dot4us_8 */
 #define NC_UNPACK_8(bits)                                                                      \
@@ -436,18 +424,20 @@ static inline nc_i32x8 nc_dot4usp_8(nc_i32x8 acc, const int8_t *x, const int8_t 
 {
     return nc_dot4u_pairs_8(acc, x, _mm256_load_si256((const __m256i *)u));
 }
-static inline nc_i32x8 nc_dot4u4p_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)
-{
-    return nc_dot4u_pairs_8(acc, x, nc_bytes4_8(p, i));
-}
-static inline nc_i32x8 nc_dot4u5p_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)
-{
-    return nc_dot4u_pairs_8(acc, x, nc_bytes5_8(p, i));
-}
-static inline nc_i32x8 nc_dot4u6p_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)
-{
-    return nc_dot4u_pairs_8(acc, x, nc_bytes6_8(p, i));
-}
+/* the dot products on narrow bytes at 8 lanes: nc_dot4u{4,5,6}_8 (int32 sums) and
+ * nc_dot4u{4,5,6}p_8 (int16 pairs), each rebuilding its 32 bytes from half a unit at p */
+#define NC_DOT4U_NARROW_8(bits)                                                                            \
+    static inline nc_i32x8 nc_dot4u##bits##_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)  \
+    {                                                                                                      \
+        return nc_dot4u_small_8(acc, x, nc_bytes##bits##_8(p, i));                                         \
+    }                                                                                                      \
+    static inline nc_i32x8 nc_dot4u##bits##p_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i) \
+    {                                                                                                      \
+        return nc_dot4u_pairs_8(acc, x, nc_bytes##bits##_8(p, i));                                         \
+    }
+NC_DOT4U_NARROW_8(4)
+NC_DOT4U_NARROW_8(5)
+NC_DOT4U_NARROW_8(6)
 #endif
 
 #endif

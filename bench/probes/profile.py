@@ -82,23 +82,19 @@ def print_profile(prof: dict, top: int) -> None:
 def main() -> None:
     import argparse
 
-    from bench.support.measure import append
+    from bench.support.measure import append, positive_int
     from nanocompile.codegen.options import DEFAULT_CHUNK
     from nanocompile.engine.precision import PRECISIONS
-
-    def positive(text: str) -> int:
-        if not text.isdigit() or int(text) < 1:
-            raise argparse.ArgumentTypeError(f"{text!r}: a whole number, at least 1")
-        return int(text)
 
     from nanocompile.engine.compiled import CompiledSession
     from nanocompile.models import load_model
 
     ap = argparse.ArgumentParser(description="per-kernel times of a prompt and a decode step")
     ap.add_argument("precision", nargs="?", default="int8", choices=PRECISIONS)
-    ap.add_argument("prompt", nargs="?", type=int, default=512, help="prompt tokens")
-    ap.add_argument("--chunk", type=positive, default=DEFAULT_CHUNK, help="prompt rows a pass takes (the library's)")
-    ap.add_argument("--threads", type=positive, default=THREADS)
+    ap.add_argument("prompt", nargs="?", type=positive_int, default=512, help="prompt tokens")
+    ap.add_argument("--chunk", type=positive_int, default=DEFAULT_CHUNK,
+                    help="prompt rows a pass takes (the library's)")
+    ap.add_argument("--threads", type=positive_int, default=THREADS)
     ap.add_argument("-m", "--model", default="default", help="'default', a GGUF file or a Hugging Face directory")
     args = ap.parse_args()
     precision, n = args.precision, args.prompt

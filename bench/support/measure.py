@@ -69,6 +69,15 @@ def summary(samples: list[float]) -> dict:
     return {"median": statistics.median(s), "min": s[0], "max": s[-1], "iqr": q[2] - q[0], "n": len(s)}
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number, at least 1 (rounds, threads, sizes)."""
+    import argparse
+
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number, at least 1")
+    return int(text)
+
+
 def append(record: dict, path: Path = RESULTS) -> None:
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "threads": THREADS, "machine": machine(), **record}
     with open(path, "a") as f:
