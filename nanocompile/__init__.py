@@ -17,14 +17,16 @@ _API = {
     "Completion": "results", "CompletionChunk": "results", "ChatCompletion": "results",
     "ChatCompletionChunk": "results", "ChatMessage": "results", "Usage": "results", "Timings": "results",
     "NanocompileError": "errors", "ModelError": "errors", "InputError": "errors", "ContextFullError": "errors",
-    "NonFiniteLogitsError": "errors",
+    "NonFiniteLogitsError": "errors", "LookupParams": "engine.lookup", "SamplingParams": "engine.sampling",
 }
 __all__ = ["ChatCompletion", "ChatCompletionChunk", "ChatMessage", "Completion", "CompletionChunk", "ContextFullError",
-           "InputError", "Model", "ModelError", "NanocompileError", "NonFiniteLogitsError", "Timings", "Usage", "load",
-           "__version__"]
+           "InputError", "LookupParams", "Model", "ModelError", "NanocompileError", "NonFiniteLogitsError",
+           "SamplingParams", "Timings", "Usage", "load", "__version__"]
 
 if TYPE_CHECKING:
     from .api import Model, load
+    from .engine.lookup import LookupParams
+    from .engine.sampling import SamplingParams
     from .errors import ContextFullError, InputError, ModelError, NanocompileError, NonFiniteLogitsError
     from .results import ChatCompletion, ChatCompletionChunk, ChatMessage, Completion, CompletionChunk, Timings, Usage
 

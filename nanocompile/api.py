@@ -19,6 +19,7 @@ from typing import Callable, Iterator, Literal, Mapping, Sequence, overload
 import numpy as np
 
 from .engine.checks import check_n_ctx, check_precision, check_tokens
+from .engine.lookup import LookupParams
 from .engine.sampling import Sampler, SamplingParams
 from .engine.stream import GenerationResult, stream
 from .errors import ContextFullError, InputError, NanocompileError, NonFiniteLogitsError
@@ -42,11 +43,14 @@ class Model:
     as stored, other types requantized; docs/FORMATS.md); backend: "compiled" or
     "interp" (the NumPy interpreter, the reference); seed: the sampler's seed for calls that give
     none (-1: a random one, then in .seed); progress: bars on stderr while loading, converting and
-    feeding a long prompt.
+    feeding a long prompt; lookup: prompt-lookup drafting by default in every call (True, or a
+    engine.lookup.LookupParams), which verifies tokens copied from the context several to a
+    step and yields the same tokens as without (docs/LOOKUP.md).
     """
 
     def __init__(self, model_path: str | Path = "default", *, n_ctx: int | None = None, n_threads: int = 2,
-                 precision: str = "auto", backend: str = "compiled", seed: int = -1, progress: bool = True):
+                 precision: str = "auto", backend: str = "compiled", seed: int = -1, progress: bool = True,
+                 lookup: "bool | LookupParams" = False):
         from .engine.open import open_model, open_session
         from .models import load_model
 
@@ -54,25 +58,28 @@ class Model:
         if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
             raise InputError(f"n_threads must be an integer of at least 1, got {n_threads!r}")
         SamplingParams(seed=seed).check(flag_names=False)  # before the model loads
+        lookup = _lookup(lookup)
         loaded = load_model(model_path, progress=progress)
         opened = open_model(loaded, precision)
         if n_ctx is None:
             n_ctx = min(DEFAULT_CTX, loaded.config.max_position_embeddings)
         check_n_ctx(n_ctx, loaded.config, loaded.source)
         session = open_session(opened, backend, n_ctx=n_ctx, threads=n_threads, progress=progress)
-        self._setup(loaded, session, seed, progress, opened.precision, n_threads)
+        self._setup(loaded, session, seed, progress, opened.precision, n_threads, lookup)
 
     @classmethod
     def from_session(cls, loaded, session, *, seed: int = -1, progress: bool = False, precision: str = "f32",
-                     n_threads: int = 1) -> "Model":
+                     n_threads: int = 1, lookup: "bool | LookupParams" = False) -> "Model":
         """A Model on a model already loaded (models.load_model) and a session already open on it
         (session.open_session, or anything with the same interface): to share one load."""
         model = cls.__new__(cls)
-        model._setup(loaded, session, seed, progress, precision, n_threads)
+        model._setup(loaded, session, seed, progress, precision, n_threads, _lookup(lookup))
         return model
 
-    def _setup(self, loaded, session, seed: int, progress: bool, precision: str, n_threads: int) -> None:
+    def _setup(self, loaded, session, seed: int, progress: bool, precision: str, n_threads: int,
+               lookup: LookupParams | None) -> None:
         self.loaded, self.session = loaded, session
+        self.lookup = lookup  # the calls' default: prompt-lookup drafting's parameters, or None (off)
         self.progress, self.precision, self.n_threads = progress, precision, n_threads
         SamplingParams(seed=seed).check(flag_names=False)
         self.seed = Sampler(SamplingParams(seed=seed)).seed  # -1 becomes a random seed, kept here
@@ -177,13 +184,14 @@ class Model:
                  top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
                  repeat_last_n: int = 64, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                  seed: int | None = None, stop_token_ids: Sequence[int] = (),
-                 should_stop: Callable[[], bool] | None = None) -> Iterator[int]:
+                 should_stop: Callable[[], bool] | None = None, lookup: "bool | LookupParams | None" = None
+                 ) -> Iterator[int]:
         """Token ids, each as soon as it is chosen, after the prompt tokens: up to max_tokens (None:
         until end of text or a full context). The end-of-text token (or one of stop_token_ids)
         that ends it is yielded too. Timings afterwards in .timings."""
         params = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, frequency_penalty,
                            presence_penalty, seed)
-        chunks = self._run(list(tokens), max_tokens, params, seed, [], stop_token_ids, should_stop, text=False)
+        chunks = self._run(list(tokens), max_tokens, params, seed, [], stop_token_ids, should_stop, lookup, text=False)
         return _Stream(self, _token_ids(chunks))
 
     @overload
@@ -192,7 +200,8 @@ class Model:
                           repeat_penalty: float = ..., repeat_last_n: int = ..., frequency_penalty: float = ...,
                           presence_penalty: float = ..., stop: str | Sequence[str] | None = ...,
                           stop_token_ids: Sequence[int] = ..., seed: int | None = ...,
-                          stream: Literal[False] = ..., should_stop: Callable[[], bool] | None = ...) -> Completion: ...
+                          stream: Literal[False] = ..., should_stop: Callable[[], bool] | None = ...,
+                          lookup: "bool | LookupParams | None" = ...) -> Completion: ...
 
     @overload
     def create_completion(self, prompt: str | Sequence[int], suffix: str | None = ..., max_tokens: int | None = ...,
@@ -200,18 +209,19 @@ class Model:
                           repeat_penalty: float = ..., repeat_last_n: int = ..., frequency_penalty: float = ...,
                           presence_penalty: float = ..., stop: str | Sequence[str] | None = ...,
                           stop_token_ids: Sequence[int] = ..., seed: int | None = ...,
-                          stream: Literal[True] = ..., should_stop: Callable[[], bool] | None = ...
-                          ) -> Iterator[CompletionChunk]: ...
+                          stream: Literal[True] = ..., should_stop: Callable[[], bool] | None = ...,
+                          lookup: "bool | LookupParams | None" = ...) -> Iterator[CompletionChunk]: ...
 
     def create_completion(self, prompt, suffix=None, max_tokens=16, temperature=0.8, top_p=0.95, top_k=40,
                           min_p=0.05, repeat_penalty=1.0, repeat_last_n=64, frequency_penalty=0.0,
                           presence_penalty=0.0, stop=None, stop_token_ids=(), seed=None, stream=False,
-                          should_stop=None):
+                          should_stop=None, lookup=None):
         """Continues prompt (text, or token ids); with suffix, fills in the middle between prompt
         and suffix. max_tokens None: until end of text or a full context. stop: strings that end
         the text (left out of it). seed: this call's own; None continues the model's generator.
         should_stop() is asked between prompt chunks and between tokens. stream: an iterator of
-        CompletionChunk, else one Completion."""
+        CompletionChunk, else one Completion. lookup: prompt-lookup drafting for this call (True,
+        False or a LookupParams; None: the model's default), the same tokens either way."""
         params = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, frequency_penalty,
                            presence_penalty, seed)
         stop_token_ids = list(stop_token_ids)
@@ -224,7 +234,7 @@ class Model:
             ids = self.tokenize(prompt)
         else:
             ids = list(prompt)
-        chunks = self._run(ids, max_tokens, params, seed, _stops(stop), stop_token_ids, should_stop)
+        chunks = self._run(ids, max_tokens, params, seed, _stops(stop), stop_token_ids, should_stop, lookup)
         if stream:
             return _Stream(self, chunks)
         return _collect(_Stream(self, chunks))
@@ -237,7 +247,8 @@ class Model:
                                repeat_penalty: float = ..., repeat_last_n: int = ..., frequency_penalty: float = ...,
                                presence_penalty: float = ..., stop: str | Sequence[str] | None = ...,
                                seed: int | None = ..., stream: Literal[False] = ...,
-                               should_stop: Callable[[], bool] | None = ...) -> ChatCompletion: ...
+                               should_stop: Callable[[], bool] | None = ...,
+                               lookup: "bool | LookupParams | None" = ...) -> ChatCompletion: ...
 
     @overload
     def create_chat_completion(self, messages: Sequence[Message], max_tokens: int | None = ...,
@@ -245,17 +256,19 @@ class Model:
                                repeat_penalty: float = ..., repeat_last_n: int = ..., frequency_penalty: float = ...,
                                presence_penalty: float = ..., stop: str | Sequence[str] | None = ...,
                                seed: int | None = ..., stream: Literal[True] = ...,
-                               should_stop: Callable[[], bool] | None = ...) -> Iterator[ChatCompletionChunk]: ...
+                               should_stop: Callable[[], bool] | None = ...,
+                               lookup: "bool | LookupParams | None" = ...) -> Iterator[ChatCompletionChunk]: ...
 
     def create_chat_completion(self, messages, max_tokens=None, temperature=0.2, top_p=0.95, top_k=40, min_p=0.05,
                                repeat_penalty=1.0, repeat_last_n=64, frequency_penalty=0.0, presence_penalty=0.0,
-                               stop=None, seed=None, stream=False, should_stop=None):
+                               stop=None, seed=None, stream=False, should_stop=None, lookup=None):
         """The assistant's answer to messages ([{"role": "user", "content": "..."}, ...]) in the
         model's chat template. The defaults are llama-cpp-python's; the rest as create_completion.
         The KV cache keeps the conversation: the next turn feeds only what is new."""
         params = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, frequency_penalty,
                            presence_penalty, seed)
-        chunks = self._run(self.chat_prompt(messages), max_tokens, params, seed, _stops(stop), (), should_stop)
+        chunks = self._run(self.chat_prompt(messages), max_tokens, params, seed, _stops(stop), (), should_stop,
+                           lookup)
         answer = _as_chat(chunks)
         if stream:
             return _Stream(self, answer)
@@ -263,7 +276,7 @@ class Model:
 
     # the loop ---------------------------------------------------------------------------------
     def _run(self, prompt_ids: list[int], max_tokens: int | None, params: SamplingParams, seed: int | None,
-             stops: list[str], stop_token_ids: Sequence[int], should_stop, text: bool = True
+             stops: list[str], stop_token_ids: Sequence[int], should_stop, lookup=None, text: bool = True
              ) -> Iterator[CompletionChunk]:
         """Checks what it is given now, and returns the generation (which touches the KV cache
         only when it is first iterated)."""
@@ -275,11 +288,13 @@ class Model:
         if len(ids) > self.n_ctx:
             raise ContextFullError(f"the prompt has {len(ids)} tokens, more than the context of {self.n_ctx}")
         stop_ids = set(self.eos_token_ids) | {int(t) for t in stop_token_ids}
+        drafting = self.lookup if lookup is None else _lookup(lookup)
         return self._chunks(ids, -1 if max_tokens is None else max_tokens, params, seed, stops, stop_ids, should_stop,
-                            self.tokenizer if text else None)
+                            self.tokenizer if text else None, drafting)
 
     def _chunks(self, ids: list[int], max_tokens: int, params: SamplingParams, seed: int | None, stops: list[str],
-                stop_ids: set[int], should_stop, tok) -> Iterator[CompletionChunk]:
+                stop_ids: set[int], should_stop, tok, lookup: LookupParams | None = None
+                ) -> Iterator[CompletionChunk]:
         """One CompletionChunk per token chosen (its text may be empty while a character or a
         possible stop sequence is incomplete), then a last one with the rest of the text, why it
         stopped, usage and timings."""
@@ -289,7 +304,8 @@ class Model:
         result = GenerationResult(0)
         bar = _PromptBar(result, getattr(self.session, "max_chunk", 0), self.progress)
         pieces = stream(self.session, ids, max_tokens, choose=sampler, stop_ids=stop_ids, stops=stops, tokenizer=tok,
-                        reuse_cache=True, should_stop=should_stop, on_prompt_chunk=bar.update, result=result)
+                        reuse_cache=True, should_stop=should_stop, on_prompt_chunk=bar.update, result=result,
+                        lookup=lookup)
         try:
             for piece in pieces:
                 bar.close()
@@ -415,6 +431,15 @@ def _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, f
         if isinstance(value, bool) or not isinstance(value, kind):
             raise InputError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
     return SamplingParams(**values).check(flag_names=False)
+
+
+def _lookup(lookup) -> LookupParams | None:
+    """True: drafting with the default parameters; False: off; or LookupParams as they are."""
+    if isinstance(lookup, LookupParams):
+        return lookup.check(flag_names=False)
+    if not isinstance(lookup, bool):
+        raise InputError(f"lookup must be True, False or a LookupParams, got {lookup!r}")
+    return LookupParams() if lookup else None
 
 
 def _stops(stop: str | Sequence[str] | None) -> list[str]:

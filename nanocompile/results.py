@@ -24,6 +24,15 @@ class Timings:
     prompt_seconds: float
     generated_tokens: int
     decode_seconds: float    # from the first token chosen to the last
+    drafted_tokens: int = 0  # prompt lookup: tokens drafted and verified
+    accepted_tokens: int = 0  # of them, kept
+    verify_steps: int = 0    # steps that verified a draft
+    lookup_seconds: float = 0.0  # indexing the context and drafting
+
+    @property
+    def acceptance(self) -> float:
+        """The share of drafted tokens kept (llama.cpp's speculative example prints it as accept)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     @property
     def prompt_tps(self) -> float:

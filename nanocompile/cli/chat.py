@@ -12,7 +12,8 @@ from __future__ import annotations
 import sys
 
 from ..errors import ContextFullError, NanocompileError
-from .common import add_model_flags, add_sampling_flags, open_model, sampling_from, set_blas_threads
+from .common import (add_lookup_flags, add_model_flags, add_sampling_flags, open_model,
+                     sampling_from, set_blas_threads)
 from .run import StopOnInterrupt, write_out
 
 HELP = "/exit or Ctrl-D leaves, /reset starts over, Ctrl-C stops an answer"
@@ -108,4 +109,5 @@ def add_parser(sub) -> None:
     chat.add_argument("-c", "--ctx-size", type=int, help="context size in tokens (default: 4096 or the model's maximum)")
     chat.add_argument("--system", help="system message")
     add_sampling_flags(chat)
+    add_lookup_flags(chat)
     chat.set_defaults(func=cmd_chat)

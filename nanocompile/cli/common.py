@@ -88,13 +88,32 @@ def sampling_from(args) -> dict:
                 repeat_penalty=params.repeat_penalty, repeat_last_n=params.repeat_last_n)
 
 
+def add_lookup_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("prompt lookup (speculative decoding from the context: the same tokens, "
+                             "several verified in one step)")
+    g.add_argument("--lookup", action="store_true",
+                   help="draft tokens by finding the last tokens earlier in the context (docs/LOOKUP.md)")
+    g.add_argument("--draft-max", type=int, default=16, help="the most tokens drafted for one step (llama.cpp's name)")
+    g.add_argument("--lookup-ngram-min", type=int, default=1, help="the shortest run of last tokens looked up")
+    g.add_argument("--lookup-ngram-max", type=int, default=4, help="the longest run of last tokens looked up")
+
+
+def lookup_from(args):
+    """The lookup flags as the API's lookup argument (False when off), checked before the model loads."""
+    from ..engine.lookup import LookupParams
+
+    params = LookupParams(args.draft_max, args.lookup_ngram_min, args.lookup_ngram_max).check(flag_names=True)
+    return params if args.lookup else False
+
+
 def open_model(args, n_ctx: int | None):
     """The API's Model for the model flags; n_ctx None: 4096 or the model's maximum if smaller."""
     from ..api import Model
 
     warn_if_oversubscribed(getattr(args, "threads", 2))
     return Model(args.model, n_ctx=n_ctx, n_threads=getattr(args, "threads", 2), precision=args.precision,
-                 backend=args.backend, seed=getattr(args, "seed", -1), progress=not args.quiet)
+                 backend=args.backend, seed=getattr(args, "seed", -1), progress=not args.quiet,
+                 lookup=lookup_from(args) if hasattr(args, "lookup") else False)
 
 
 def report(model) -> None:
@@ -103,3 +122,8 @@ def report(model) -> None:
     print(f"prompt: {t.prompt_tokens} tokens, {t.prompt_seconds * 1000:.1f} ms, {t.prompt_tps:.2f} tok/s | "
           f"generation: {t.generated_tokens} tokens, {t.decode_tps:.2f} tok/s | backend {model.backend} | "
           f"precision {model.precision} | seed {model.seed}", file=sys.stderr)
+    if t.drafted_tokens:  # as llama.cpp's speculative example reports a draft
+        steps = max(t.generated_tokens - t.accepted_tokens, 1)  # each step yields one token and what it accepted
+        print(f"lookup: drafted {t.drafted_tokens}, accepted {t.accepted_tokens} ({100 * t.acceptance:.1f}%), "
+              f"{t.verify_steps} verify steps, {t.generated_tokens / steps:.2f} tokens per step, "
+              f"{t.lookup_seconds * 1000:.1f} ms drafting", file=sys.stderr)

@@ -5,7 +5,8 @@ import signal
 import sys
 
 from ..errors import NanocompileError
-from .common import add_model_flags, add_sampling_flags, open_model, report, sampling_from, set_blas_threads
+from .common import (add_lookup_flags, add_model_flags, add_sampling_flags, open_model,
+                     report, sampling_from, set_blas_threads)
 
 
 def parse_ids(text: str) -> list[int]:
@@ -108,6 +109,7 @@ def add_parser(sub) -> None:
                                                                      "or a full context)")
     run.add_argument("-c", "--ctx-size", type=int, help="context size in tokens (default: 4096 or the model's maximum)")
     add_sampling_flags(run)
+    add_lookup_flags(run)
     run.add_argument("--chat", action="store_true", help="apply the model's chat template")
     run.add_argument("--system", help="system message (with --chat)")
     run.add_argument("--prompt-ids", help="token ids instead of a prompt, e.g. '1 2 3'")

@@ -12,7 +12,8 @@ import socket
 import sys
 
 from ..errors import NanocompileError
-from .common import add_model_flags, add_sampling_flags, open_model, sampling_from, set_blas_threads
+from .common import (add_lookup_flags, add_model_flags, add_sampling_flags, open_model,
+                     sampling_from, set_blas_threads)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -43,7 +44,8 @@ def cmd_serve(args) -> int:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"nanocompile: serving {args.alias or model.name} on http://{shown}:{port}/v1 (context {model.n_ctx} "
-          f"tokens, one request at a time, {args.queue} more may wait{', API key required' if api_key else ''})",
+          f"tokens, one request at a time, {args.queue} more may wait{', API key required' if api_key else ''}"
+          f"{', prompt lookup on' if model.lookup else ''})",
           file=sys.stderr, flush=True)
 
     class Server(uvicorn.Server):
@@ -81,4 +83,5 @@ def add_parser(sub) -> None:
                                                              "get 503 (default 32)")
     serve.add_argument("--max-body", type=int, default=8 << 20, help="largest request body in bytes (default 8 MiB)")
     add_sampling_flags(serve)
+    add_lookup_flags(serve)
     serve.set_defaults(func=cmd_serve)

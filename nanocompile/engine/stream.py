@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import ContextFullError, InputError, NonFiniteLogitsError
 from ..results import Timings
+from .lookup import Lookup, LookupParams
 from .stops import StopScanner
 
 
@@ -31,11 +32,15 @@ class GenerationResult:
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
     stop_reason: str = ""  # "eos", "stop", "length", "context", "interrupted"
+    drafted: int = 0         # prompt-lookup tokens verified (engine/lookup.py)
+    accepted: int = 0        # of them, kept
+    verify_steps: int = 0    # steps that verified a draft
+    lookup_seconds: float = 0.0  # spent indexing the context and drafting
 
     @property
     def timings(self) -> Timings:
         return Timings(self.prompt_tokens, self.cached_tokens, self.prompt_seconds, len(self.tokens),
-                       self.decode_seconds)
+                       self.decode_seconds, self.drafted, self.accepted, self.verify_steps, self.lookup_seconds)
 
     @property
     def prompt_tps(self) -> float:
@@ -121,7 +126,7 @@ class TextStream:
 def stream(session, prompt_ids: list[int], max_new: int = -1, *, choose=greedy, stop_ids=(),
            stops: Sequence[str] = (), tokenizer=None, reuse_cache: bool = False,
            should_stop: Callable[[], bool] | None = None, on_prompt_chunk: Callable[[int], None] | None = None,
-           result: GenerationResult | None = None) -> Iterator[Piece]:
+           result: GenerationResult | None = None, lookup: LookupParams | None = None) -> Iterator[Piece]:
     """Feeds the prompt, then yields a Piece per token chosen (greedy, or a sampling.Sampler), up
     to max_new (-1: until a stop token or a full context), then a last Piece with the result.
     reuse_cache: the prompt is the whole context; the longest start of it the cache already holds
@@ -129,7 +134,9 @@ def stream(session, prompt_ids: list[int], max_new: int = -1, *, choose=greedy, 
     otherwise it follows the cached tokens. tokenizer: decode text (stop tokens are not written);
     stops: strings that end the text, left out of it. The last token is chosen but not fed.
     should_stop() is asked between prompt chunks and between tokens. result: filled as it goes
-    (so a caller that stops iterating early still has the timings), else a new one."""
+    (so a caller that stops iterating early still has the timings), else a new one. lookup:
+    draft tokens from the context and verify them in one step (engine/lookup.py); the tokens
+    chosen are the same as without, and the cache ends the same."""
     prompt_ids = list(prompt_ids)
     if len(prompt_ids) == 0:
         raise InputError("the prompt is empty")
@@ -162,34 +169,51 @@ def stream(session, prompt_ids: list[int], max_new: int = -1, *, choose=greedy, 
         yield Piece("", [], result)
         return
     limit = max_new if max_new >= 0 else float("inf")
+    drafting = Lookup(lookup, session.tokens) if lookup is not None else None
+    rows, drafts = logits[None], []  # rows[i]: the logits after the cache's first start + i tokens
+    start = session.past
     step = 1
     t0 = time.perf_counter()
     try:
         check_finite(logits, step, f"the prompt of {len(new)} tokens")
         while len(result.tokens) < limit:
-            token = choose(logits)
-            result.tokens.append(token)
-            if decoder and token not in stop_ids:
-                decoder(token)
-            yield Piece(released(), [token])
-            if scanner.hit:
-                result.stop_reason = "stop"
+            for i, row in enumerate(rows):
+                if i:
+                    check_finite(row, step, f"drafted token {i} of a verify step")
+                token = choose(row)
+                result.tokens.append(token)
+                if drafting is not None:
+                    drafting.chosen(token)
+                if decoder and token not in stop_ids:
+                    decoder(token)
+                yield Piece(released(), [token])
+                result.stop_reason = ("stop" if scanner.hit else "eos" if token in stop_ids
+                                      else "length" if len(result.tokens) >= limit
+                                      else "context" if start + i >= session.n_ctx
+                                      else "interrupted" if should_stop is not None and should_stop() else "")
+                if result.stop_reason or i == len(drafts) or token != drafts[i]:
+                    break
+            if drafts:
+                result.accepted += i
+                drafting.length.record(drafting.ngram, len(drafts), i)
+            if session.past > start + i:  # the rejected drafts, and the chosen token is never fed
+                session.truncate(start + i)
+            if result.stop_reason:
                 break
-            if token in stop_ids:
-                result.stop_reason = "eos"
-                break
-            if len(result.tokens) >= limit:
-                result.stop_reason = "length"
-                break
-            if session.past >= session.n_ctx:
-                result.stop_reason = "context"
-                break
-            if should_stop is not None and should_stop():
-                result.stop_reason = "interrupted"
-                break
-            logits = session.step([token])
+            drafts = []
+            if drafting is not None:  # room: the context, the tokens still wanted, one pass's rows
+                room = min(session.n_ctx - session.past, limit - len(result.tokens), session.max_chunk) - 1
+                drafts = drafting.draft(int(room))
+            s0 = time.perf_counter()
+            out = session.step([token] + drafts, all_logits=bool(drafts))
+            if drafting is not None:
+                drafting.length.timed(len(drafts) + 1, time.perf_counter() - s0)
+            rows = out if drafts else out[None]
+            start = session.past - len(drafts)
+            result.drafted += len(drafts)
+            result.verify_steps += bool(drafts)
             step += 1
-            check_finite(logits, step, f"after generated token {len(result.tokens)}")
+            check_finite(rows[0], step, f"after generated token {len(result.tokens)}")
         else:
             result.stop_reason = "length"
     except NonFiniteLogitsError:
@@ -197,6 +221,8 @@ def stream(session, prompt_ids: list[int], max_new: int = -1, *, choose=greedy, 
         raise
     finally:
         result.decode_seconds = time.perf_counter() - t0
+        if drafting is not None:
+            result.lookup_seconds = drafting.seconds
     if decoder:
         decoder.flush()
     yield Piece(released() + scanner.flush(), [], result)

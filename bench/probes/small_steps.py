@@ -1,0 +1,86 @@
+"""What a step of k new rows costs against a step of one, after a long context: the shape of a
+speculative verify step (k drafted tokens checked in one pass over the weights). For each
+precision, the default model's library at this CPU's level (or --march), a context of --past
+tokens, then steps of 1, 2, 4, 8, 16 rows, each rolled back (truncate) before the next; the sizes
+alternate within a round, and each size keeps the minimum and median of --rounds rounds.
+
+    python -m bench.probes.small_steps [--precisions native,int8,f32] [--march x86-64-v3]
+                                       [--past 256] [--rounds 6] [--rows 1,2,4,8,16]
+                                       # prints a table; appends to bench/results.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from bench.support.measure import THREADS, append, pin_threads, positive_int, summary
+
+
+def sizes(text: str) -> list[int]:
+    try:
+        rows = [int(r) for r in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: row counts are whole numbers separated by commas") from None
+    if any(r < 1 for r in rows) or 1 not in rows:
+        raise argparse.ArgumentTypeError(f"{text!r}: every count is at least 1, and 1 (the reference) is among them")
+    return rows
+
+
+def measure(session, context: list[int], rows: list[int], rounds: int, rng) -> dict[int, list[float]]:
+    """Seconds of one step of k rows after the context, per k, rounds times (k's order rotates)."""
+    session.reset()
+    session.step(context)
+    past = session.past
+    seconds: dict[int, list[float]] = {k: [] for k in rows}
+    for r in range(rounds + 1):  # round 0 warms each shape (the pool, the pages the step touches)
+        for k in rows[r % len(rows):] + rows[:r % len(rows)]:
+            ids = [int(t) for t in rng.integers(1000, 100000, k)]
+            t0 = time.perf_counter()
+            session.step(ids, all_logits=True)  # a verify step reads every row's logits
+            elapsed = time.perf_counter() - t0
+            session.truncate(past)
+            if r:
+                seconds[k].append(elapsed)
+    return seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="the cost of a step of k rows against one row, after a context")
+    ap.add_argument("--precisions", default="native,int8,f32")
+    ap.add_argument("--march", default=None, help="another level than this CPU's, e.g. x86-64-v3 (AVX2)")
+    ap.add_argument("--past", type=positive_int, default=256)
+    ap.add_argument("--rounds", type=positive_int, default=6)
+    ap.add_argument("--rows", type=sizes, default=[1, 2, 4, 8, 16])
+    args = ap.parse_args()
+    pin_threads()
+    from nanocompile.engine.compiled import CompiledSession
+    from nanocompile.models import load_model
+    from nanocompile.target import detect_march
+
+    model = load_model("default", progress=False)
+    march = args.march or detect_march()[0]
+    rng = np.random.default_rng(0)
+    context = [int(t) for t in rng.integers(1000, 100000, args.past)]
+    record = {"bench": "small_steps", "march": march, "past": args.past, "rounds": args.rounds, "precisions": {}}
+    print(f"| precision ({march}) | " + " | ".join(f"{k} rows" for k in args.rows) + " |")
+    print("|---" * (len(args.rows) + 1) + "|")
+    for precision in args.precisions.split(","):
+        session = CompiledSession.from_weights(model.config, model.weights, n_ctx=args.past + 64, threads=THREADS,
+                                               weights_key=model.key, precision=precision, march=args.march)
+        seconds = measure(session, context, args.rows, args.rounds, rng)
+        session.close()
+        one = min(seconds[1])
+        print(f"| {precision} (1 row {one * 1e3:.1f} ms) | "
+              + " | ".join(f"{min(seconds[k]) / one:.2f}x" for k in args.rows) + " |", flush=True)
+        record["precisions"][precision] = {
+            str(k): {"seconds": summary(s), "min_over_one_row": min(s) / one,
+                     "median_over_one_row": statistics.median(s) / statistics.median(seconds[1])}
+            for k, s in seconds.items()}
+    append(record)
+
+
+if __name__ == "__main__":
+    main()

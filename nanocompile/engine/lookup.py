@@ -1,0 +1,158 @@
+"""Prompt-lookup drafting (no draft model): the next tokens are guessed by finding the context's
+last few tokens earlier in the context and copying what followed them there. The generation loop
+(engine/stream.py) feeds the last chosen token and the draft in one step, keeps the longest
+prefix of the draft that the model itself chooses, and rolls the cache back past the rest.
+
+What is drafted never changes what is generated: each kept token is the one the sampler chose
+from the model's logits at its position, and those logits are bitwise the same whether a row
+came in a step of one or of many (the compiled library computes every row in the same order).
+So greedy output is plain greedy output, token for token. With temperature > 0 the sampler draws
+from the model's distribution and a drafted token is kept when the draw equals it: it is kept
+with the model's probability of it, and on rejection the token that comes instead is a draw
+from the distribution without the drafted token, which is the acceptance rule that keeps the
+model's distribution (for a draft that puts all its mass on one token).
+
+How many tokens to draft: a verify step of k drafted tokens yields 1 + (tokens accepted) and
+costs what a step of k + 1 rows costs. DraftLength estimates the acceptance of each drafted
+token (per length of the n-gram that matched, decaying, so a region that stops repeating is
+noticed within a few steps) and each row count's cost (the fastest step seen with that many
+rows, after a prior), and drafts the k that maximises expected tokens per second; zero where
+nothing matches or a draft is not worth its cost.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..errors import InputError
+
+# a step of k rows costs about 1 + PRIOR_ROW_COST * (k - 1) steps of one, until measured
+PRIOR_ROW_COST = 0.15
+# prior acceptance, as (accepted, rejected) counts, for a match of 1, 2 and 3 or more tokens
+PRIOR_COUNTS = {1: (1.0, 3.0), 2: (1.0, 2.0), 3: (1.5, 1.0)}
+DECAY = 0.85  # each verify step's weight against the earlier ones
+
+
+@dataclass(frozen=True)
+class LookupParams:
+    """draft_max: the most tokens one step verifies besides the last chosen one (llama.cpp's
+    --draft-max); ngram_min..ngram_max: the lengths of the context's last tokens looked up,
+    longest first (llama.cpp's lookup uses 1..4)."""
+    draft_max: int = 16
+    ngram_min: int = 1
+    ngram_max: int = 4
+
+    def check(self, flag_names: bool = True) -> "LookupParams":
+        def name(field: str) -> str:
+            return "--" + field.replace("_", "-") if flag_names else field
+
+        for field in ("draft_max", "ngram_min", "ngram_max"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"{name(field)} must be a whole number of at least 1, got {value!r}")
+        if self.ngram_min > self.ngram_max:
+            raise InputError(f"{name('ngram_min')} ({self.ngram_min}) must not exceed "
+                             f"{name('ngram_max')} ({self.ngram_max})")
+        return self
+
+
+class NgramIndex:
+    """The context's tokens and, per n-gram length, where each n-gram's latest occurrence was
+    followed: appending a token is O(ngram_max), drafting is one dictionary lookup per length."""
+
+    def __init__(self, tokens, ngram_min: int = 1, ngram_max: int = 4):
+        self.ngram_min, self.ngram_max = ngram_min, ngram_max
+        self.tokens: list[int] = []
+        self.follows: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(ngram_min, ngram_max + 1)}
+        self.extend(tokens)
+
+    def extend(self, tokens) -> None:
+        for t in tokens:
+            self.append(int(t))
+
+    def append(self, token: int) -> None:
+        # the n-grams ending just before this token are now followed by it
+        i = len(self.tokens)
+        for n, follows in self.follows.items():
+            if i >= n:
+                follows[tuple(self.tokens[i - n:i])] = i
+        self.tokens.append(token)
+
+    def draft(self, limit: int) -> tuple[list[int], int]:
+        """Up to limit tokens that followed the latest earlier occurrence of the longest matching
+        n-gram of the context's last tokens, and that n-gram's length (0: nothing matches)."""
+        end = len(self.tokens)
+        for n in range(min(self.ngram_max, end), self.ngram_min - 1, -1):
+            at = self.follows[n].get(tuple(self.tokens[end - n:]))
+            if at is not None:
+                return self.tokens[at:at + limit], n
+        return [], 0
+
+
+class DraftLength:
+    """Chooses how many tokens to draft from the acceptance seen so far and the step costs."""
+
+    def __init__(self, draft_max: int):
+        self.draft_max = draft_max
+        self.counts = {n: list(c) for n, c in PRIOR_COUNTS.items()}
+        self.fastest: dict[int, float] = {}  # rows -> the fastest step seen with that many rows
+
+    def acceptance(self, ngram: int) -> float:
+        accepted, rejected = self.counts[min(ngram, 3)]
+        return accepted / (accepted + rejected)
+
+    def cost(self, rows: int) -> float:
+        """A step of rows against a step of one."""
+        one = self.fastest.get(1)
+        if one and rows in self.fastest:
+            return max(self.fastest[rows] / one, 1.0)
+        return 1.0 + PRIOR_ROW_COST * (rows - 1)
+
+    def choose(self, available: int, ngram: int) -> int:
+        """Of the available drafted tokens, how many to verify (0: a plain step)."""
+        if ngram == 0 or available == 0:
+            return 0
+        alpha = self.acceptance(ngram)
+        best, best_rate, expected = 0, 1.0, 1.0
+        for k in range(1, min(available, self.draft_max) + 1):
+            expected += alpha ** k  # tokens a step of k drafted yields on average
+            rate = expected / self.cost(k + 1)
+            if rate > best_rate:
+                best, best_rate = k, rate
+        return best
+
+    def record(self, ngram: int, drafted: int, accepted: int) -> None:
+        counts = self.counts[min(ngram, 3)]
+        counts[0] = counts[0] * DECAY + accepted
+        counts[1] = counts[1] * DECAY + (1 if accepted < drafted else 0)
+
+    def timed(self, rows: int, seconds: float) -> None:
+        if seconds < self.fastest.get(rows, float("inf")):
+            self.fastest[rows] = seconds
+
+
+class Lookup:
+    """One generation's drafting: the index over its context and the draft length's estimates."""
+
+    def __init__(self, params: LookupParams, context):
+        self.params = params
+        t0 = time.perf_counter()
+        self.index = NgramIndex(context, params.ngram_min, params.ngram_max)
+        self.seconds = time.perf_counter() - t0  # spent indexing and drafting: reported, to show it is small
+        self.length = DraftLength(params.draft_max)
+        self.ngram = 0  # the length of the match the pending draft came from
+
+    def chosen(self, token: int) -> None:
+        t0 = time.perf_counter()
+        self.index.append(token)
+        self.seconds += time.perf_counter() - t0
+
+    def draft(self, room: int) -> list[int]:
+        """The tokens to verify with the next step, at most room."""
+        if room <= 0:
+            return []
+        t0 = time.perf_counter()
+        tokens, self.ngram = self.index.draft(min(room, self.params.draft_max))
+        tokens = tokens[:self.length.choose(len(tokens), self.ngram)]
+        self.seconds += time.perf_counter() - t0
+        return tokens

@@ -1,0 +1,262 @@
+"""Prompt-lookup speculative decoding (engine/lookup.py, the loop in engine/stream.py).
+
+Drafting may change how many rows a step feeds, never what is generated: greedy tokens equal
+plain greedy tokens and the cache ends bitwise as plain decoding leaves it, whatever the drafts
+(right, wrong at the first token, wrong later), because a verify step's rows are bitwise the
+rows of single steps; rolling back after a rejected draft leaves no trace, at every precision
+and thread count. Sampled tokens keep the model's distribution (a two-sample test against
+plain sampling, which a loop that kept every draft fails).
+"""
+import numpy as np
+import pytest
+from bench.support.tiny import random_weights, tiny_config
+from helpers import real_prompt_ids
+
+from nanocompile.engine import lookup as lookup_module
+from nanocompile.engine.compiled import CompiledSession
+from nanocompile.engine.lookup import DraftLength, LookupParams, NgramIndex
+from nanocompile.engine.open import open_session
+from nanocompile.engine.sampling import Sampler, SamplingParams
+from nanocompile.engine.stream import stream
+from nanocompile.errors import InputError
+
+
+class Recording:
+    """A session that records, per step, its rows and how many of them were rolled back after it,
+    delegating the rest."""
+
+    def __init__(self, session):
+        self.session, self.steps = session, []  # [rows, rolled back]
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+    def step(self, tokens, all_logits=False):
+        self.steps.append([len(tokens), 0])
+        return self.session.step(tokens, all_logits)
+
+    def truncate(self, n_past):
+        if self.steps:
+            self.steps[-1][1] += self.session.past - n_past
+        self.session.truncate(n_past)
+
+    def verify_steps(self):
+        return self.steps[1:]  # after the prompt
+
+def run(session, prompt, n, lookup=None, choose=None):
+    session.reset()
+    tokens, result = [], None
+    kwargs = {"choose": choose} if choose is not None else {}
+    for piece in stream(session, prompt, n, lookup=lookup, **kwargs):
+        tokens += piece.tokens
+        result = piece.result or result
+    return tokens, result
+
+
+# the index and the draft length ------------------------------------------------------------------
+
+def test_the_index_drafts_what_followed_the_latest_longest_match():
+    index = NgramIndex([1, 2, 3, 4, 9, 2, 3, 5, 6, 7, 2, 3], 1, 4)
+    assert index.draft(3) == ([5, 6, 7], 2)  # "2 3" last seen before 5, not before 4
+    index.append(5)
+    assert index.draft(8) == ([6, 7, 2, 3, 5], 3)  # "2 3 5": what followed, up to the context's end
+    assert NgramIndex([1, 2, 3], 1, 4).draft(4) == ([], 0)  # nothing repeats
+    assert NgramIndex([1, 2, 3], 2, 4).draft(4) == ([], 0)
+    assert NgramIndex([7, 8, 7], 1, 2).draft(4) == ([8, 7], 1)
+
+
+def test_the_draft_length_follows_acceptance_and_cost():
+    length = DraftLength(16)
+    assert length.choose(10, 0) == 0 and length.choose(0, 3) == 0  # nothing matched
+    for _ in range(20):
+        length.record(3, 8, 8)  # every draft kept
+    assert length.choose(16, 3) >= 8
+    length.timed(1, 0.010)
+    length.timed(9, 0.100)  # nine rows cost ten times one: not worth it
+    assert length.choose(8, 3) < 8
+    for _ in range(20):
+        length.record(1, 4, 0)  # single-token matches always rejected
+    assert length.choose(16, 1) == 0
+
+
+@pytest.mark.parametrize("field, value", [("draft_max", 0), ("ngram_min", -1), ("ngram_max", 1.5),
+                                          ("draft_max", True)])
+def test_bad_lookup_parameters_are_refused_by_name(field, value):
+    with pytest.raises(InputError, match=field.replace("_", "-")):
+        LookupParams(**{field: value}).check()
+    with pytest.raises(InputError, match="must not exceed"):
+        LookupParams(ngram_min=3, ngram_max=2).check()
+
+
+# exact on a tiny model, with drafts forced right and wrong ----------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny():  # the tests that use it compile the tiny model's library: tier c
+    cfg = tiny_config(max_pos=512, vocab=211)
+    return cfg, random_weights(cfg, seed=5)
+
+
+def oracle_drafts(monkeypatch, plain: list[int], prompt_len: int, right: int):
+    """Drafts that continue plain decoding for `right` tokens, then go wrong (right=0: wrong at
+    the first token), whatever the context holds."""
+    def draft(self, limit):
+        done = len(self.tokens) - prompt_len  # tokens generated so far
+        truth = plain[done:done + limit]
+        guess = truth[:right] + [(t + 1) % 211 for t in truth[right:]]
+        return guess[:limit], 3
+
+    monkeypatch.setattr(lookup_module.NgramIndex, "draft", draft)
+
+
+@pytest.mark.c
+@pytest.mark.parametrize("right", [0, 1, 3, 16])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_greedy_tokens_and_cache_are_plain_decodings_whatever_the_drafts(tiny, monkeypatch, right, threads):
+    cfg, w = tiny
+    session = CompiledSession.from_weights(cfg, w, n_ctx=200, threads=threads)
+    prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32]
+    plain, _ = run(session, prompt, 40)
+    plain_cache = [session.read_cache(layer) for layer in range(cfg.num_hidden_layers)]
+    plain_tokens = session.tokens
+    oracle_drafts(monkeypatch, plain, len(prompt), right)
+    recording = Recording(session)
+    spec, result = run(recording, prompt, 40, LookupParams(draft_max=8))
+    assert spec == plain
+    assert session.tokens == plain_tokens
+    for layer, (k, v) in enumerate(plain_cache):
+        got_k, got_v = session.read_cache(layer)
+        assert np.array_equal(got_k, k) and np.array_equal(got_v, v)
+    assert result.verify_steps > 0 and max(rows for rows, _ in recording.verify_steps()) > 1
+    if right == 0:  # every draft rolled back whole
+        assert result.accepted == 0
+        assert all(back == rows - 1 for rows, back in recording.verify_steps() if rows > 1)
+    if right == 16:
+        assert result.accepted >= 20 and len(recording.steps) < 20
+
+
+@pytest.mark.c
+def test_a_stop_inside_a_verified_draft_leaves_the_cache_as_plain_decoding(tiny, monkeypatch):
+    cfg, w = tiny
+    session = CompiledSession.from_weights(cfg, w, n_ctx=200, threads=2)
+    prompt = [3, 14, 15, 92, 65]
+    plain, _ = run(session, prompt, 30)
+    stop = plain[12]
+    session.reset()
+    want = [p.tokens for p in stream(session, prompt, 30, stop_ids={stop})]
+    want_cache = session.tokens
+    oracle_drafts(monkeypatch, plain, len(prompt), 16)
+    session.reset()
+    got = [p.tokens for p in stream(session, prompt, 30, stop_ids={stop}, lookup=LookupParams())]
+    assert got == want and session.tokens == want_cache
+    for limit in (1, 7, 13):  # the token limit inside a draft
+        assert run(session, prompt, limit, LookupParams())[0] == plain[:limit]
+        assert session.past == len(prompt) + limit - 1
+
+
+@pytest.mark.c
+def test_a_full_context_ends_inside_a_draft_as_plain_decoding_does(tiny, monkeypatch):
+    cfg, w = tiny
+    session = CompiledSession.from_weights(cfg, w, n_ctx=24, threads=2)
+    prompt = [3, 14, 15, 92, 65]
+    plain, plain_result = run(session, prompt, -1)
+    oracle_drafts(monkeypatch, plain, len(prompt), 16)
+    spec, result = run(session, prompt, -1, LookupParams())
+    assert spec == plain and result.stop_reason == plain_result.stop_reason == "context"
+
+
+@pytest.mark.c
+def test_sampling_with_lookup_keeps_the_models_distribution(tiny, monkeypatch):
+    """Frequencies of the first three sampled tokens (temperature 1, top-k 4), with drafts that
+    propose the greedy continuation, against plain sampling: a chi-squared two-sample test per
+    position. The test's power: plain sampling at temperature 0.4 fails it."""
+    from scipy.stats import chi2_contingency
+
+    cfg, w = tiny
+    session = CompiledSession.from_weights(cfg, w, n_ctx=64, threads=2)
+    prompt = [3, 14, 15, 92, 65]
+    greedy_tokens, _ = run(session, prompt, 3)
+    oracle_drafts(monkeypatch, greedy_tokens + [0] * 8, len(prompt), 16)
+    params = SamplingParams(temperature=1.0, top_k=4, top_p=1.0, min_p=0.0)
+
+    def frequencies(lookup, runs=600, seed=0, params=params):
+        counts = [dict() for _ in range(3)]
+        for r in range(runs):
+            tokens, _ = run(session, prompt, 3, lookup, Sampler(params, np.random.default_rng([seed, r])))
+            for position, t in enumerate(tokens):
+                counts[position][t] = counts[position].get(t, 0) + 1
+        return counts
+
+    def p_values(a, b):
+        out = []
+        for x, y in zip(a, b):
+            keys = sorted(set(x) | set(y))
+            out.append(chi2_contingency([[x.get(k, 0) for k in keys], [y.get(k, 0) for k in keys]])[1])
+        return out
+
+    plain = frequencies(None, seed=1)
+    spec = frequencies(LookupParams(draft_max=4), seed=2)
+    assert min(p_values(plain, spec)) > 1e-3, (plain, spec)
+    greedy_share = spec[1].get(greedy_tokens[1], 0) / 600
+    assert 0.05 < greedy_share < 0.95  # the draft is not simply kept
+
+    cooler = frequencies(None, seed=3, params=SamplingParams(temperature=0.4, top_k=4, top_p=1.0, min_p=0.0))
+    assert min(p_values(plain, cooler)) < 1e-3
+
+
+# the real model ------------------------------------------------------------------------------------
+
+EDIT_PROMPT = ("Add type hints to this function and return the whole function.\n\n"
+               "def mean(values):\n    total = 0\n    count = 0\n    for value in values:\n"
+               "        total += value\n        count += 1\n    return total / count\n")
+
+
+@pytest.mark.parametrize("precision", ["f32", "int8", "native"])
+def test_rolling_back_a_verified_draft_leaves_no_trace(real_model, precision):
+    """A step of one chosen token and five drafted ones, rolled back to the chosen one, then one
+    more token: logits and cache bitwise those of a session that never saw the draft, at 1, 2 and
+    3 threads."""
+    ids = real_prompt_ids(real_model, "code")
+    plain = open_session(real_model, "compiled", n_ctx=128, threads=2, precision=precision)
+    spec = open_session(real_model, "compiled", n_ctx=128, threads=2, precision=precision)
+    for threads in (1, 2, 3):
+        plain.set_threads(threads)
+        spec.set_threads(threads)
+        plain.reset()
+        spec.reset()
+        first = int(np.argmax(plain.step(ids)))
+        spec.step(ids)
+        want = plain.step([first])
+        rows = spec.step([first, 11, 22, 33, 44, 55], all_logits=True)
+        assert np.array_equal(rows[0], want)
+        spec.truncate(len(ids) + 1)
+        nxt = int(np.argmax(want))
+        assert np.array_equal(spec.step([nxt]), plain.step([nxt]))
+        assert spec.tokens == plain.tokens
+        for layer in (0, 11, 23):
+            for a, b in zip(spec.read_cache(layer), plain.read_cache(layer)):
+                assert np.array_equal(a, b)
+    plain.close()
+    spec.close()
+
+
+def test_real_model_greedy_with_lookup_is_plain_greedy(real_model):
+    """The default precision on prompts that repeat their context (an edit), that do not, and a
+    chat: tokens identical; drafts were verified and some rejected at the first token."""
+    session = open_session(real_model, "compiled", n_ctx=512, threads=2, precision="native")
+    tok = real_model.tokenizer
+    prompts = [tok.encode(tok.render_chat([{"role": "user", "content": EDIT_PROMPT}])),
+               real_prompt_ids(real_model, "code"), real_prompt_ids(real_model, "english"),
+               real_prompt_ids(real_model, "chat"),
+               tok.encode("1, 1, 2, 3, 5, 8, 13, 21, 34,"), tok.encode("import numpy as np\nimport")]
+    verified = first_rejected = accepted = 0
+    for prompt in prompts:
+        plain, _ = run(session, prompt, 48)
+        recording = Recording(session)
+        spec, result = run(recording, prompt, 48, LookupParams())
+        assert spec == plain, tok.decode(prompt)
+        verified += result.verify_steps
+        accepted += result.accepted
+        first_rejected += sum(1 for rows, back in recording.verify_steps() if rows > 1 and back == rows - 1)
+    print(f"verify steps {verified}, accepted {accepted}, rejected at the first drafted token {first_rejected}")
+    assert verified and accepted and first_rejected
+    session.close()
