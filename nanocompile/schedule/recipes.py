@@ -372,6 +372,8 @@ def _quantized_projection(col: Loop, row, elements: int, products: str, lanes: i
                    and elements * lanes * columns <= UNPACK_BYTES]
         tile = [Reorder(row.var, col.var)] + ([Split(row.var, rows), UnrollJam(row.var + "i", rows)] if rows > 1 else
                                               [Split(row.var, 2)] if unpacks else [])
+        if rows > 2:  # the rows left after the tiles in pairs, each pair sharing its weights' reads
+            tile += [Split(row.var + "t", 2), UnrollJam(row.var + "ti", 2)]
     return head + tile + [Parallel(col.var)] + unpacks
 
 
