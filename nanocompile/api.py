@@ -79,6 +79,9 @@ class Model:
     def _setup(self, loaded, session, seed: int, progress: bool, precision: str, n_threads: int,
                lookup: LookupParams | None) -> None:
         self.loaded, self.session = loaded, session
+        if lookup is not None and not getattr(session, "rows_exact", False):
+            raise InputError(f"lookup needs the compiled backend, not {getattr(session, 'backend_name', 'this one')}: "
+                             f"the interpreter's rows depend on the step they come in, so drafts could change tokens")
         self.lookup = lookup  # the calls' default: prompt-lookup drafting's parameters, or None (off)
         self.progress, self.precision, self.n_threads = progress, precision, n_threads
         SamplingParams(seed=seed).check(flag_names=False)

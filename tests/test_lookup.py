@@ -260,3 +260,71 @@ def test_real_model_greedy_with_lookup_is_plain_greedy(real_model):
     print(f"verify steps {verified}, accepted {accepted}, rejected at the first drafted token {first_rejected}")
     assert verified and accepted and first_rejected
     session.close()
+
+
+# where users turn it on ------------------------------------------------------------------------------
+
+REPEATING = "one two three four five six seven eight nine ten. one two three four five six seven eight"
+
+
+@pytest.mark.c
+def test_the_api_and_the_server_take_lookup_and_report_the_drafts(tiny_chat_model):
+    from starlette.testclient import TestClient
+
+    from nanocompile import Model
+    from nanocompile.server import create_app
+
+    session = CompiledSession.from_weights(tiny_chat_model.config, tiny_chat_model.weights, n_ctx=256, threads=2)
+    model = Model.from_session(tiny_chat_model, session)
+    plain = model.create_completion(REPEATING, max_tokens=60, temperature=0)
+    spec = model.create_completion(REPEATING, max_tokens=60, temperature=0, lookup=True)
+    assert spec.tokens == plain.tokens and spec.text == plain.text
+    assert plain.timings.drafted_tokens == 0 and spec.timings.drafted_tokens > 0
+    assert 0 <= spec.timings.accepted_tokens <= spec.timings.drafted_tokens
+    assert list(model.generate(model.tokenize(REPEATING), max_tokens=60, temperature=0, lookup=True)) == plain.tokens
+    with pytest.raises(InputError, match="lookup must be True, False or a LookupParams"):
+        model.create_completion("x", lookup="yes")
+
+    served = Model.from_session(tiny_chat_model, session, lookup=True)  # on for every request
+    with TestClient(create_app(served)) as client:
+        body = client.post("/v1/completions", json={"prompt": REPEATING, "max_tokens": 60, "temperature": 0}).json()
+    assert body["choices"][0]["text"] == plain.text
+    assert body["timings"]["draft_n"] == spec.timings.drafted_tokens
+    assert body["timings"]["draft_n_accepted"] == spec.timings.accepted_tokens
+
+
+def test_the_interpreter_refuses_lookup_by_name(tiny_chat_model):
+    from nanocompile import Model
+    from nanocompile.engine.interpreted import InterpreterSession
+
+    session = InterpreterSession.from_weights(tiny_chat_model.config, tiny_chat_model.weights, n_ctx=64)
+    with pytest.raises(InputError, match="lookup needs the compiled backend, not interp"):
+        Model.from_session(tiny_chat_model, session, lookup=True)
+    with pytest.raises(InputError, match="prompt lookup needs a session whose rows"):
+        Model.from_session(tiny_chat_model, session).create_completion("x", lookup=True)
+
+
+@pytest.mark.c
+def test_the_command_line_flags(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from bench.support.tiny import write_gguf
+
+    cfg = tiny_config(vocab=300, max_pos=256)
+    path = write_gguf(tmp_path / "tiny.gguf", cfg, random_weights(cfg, seed=1), quantize=False)
+    env = {**os.environ, "NANOCOMPILE_CACHE": str(tmp_path / "cache")}
+
+    def nc(*args):
+        return subprocess.run([sys.executable, "-m", "nanocompile", "run", "-q", "-m", str(path), "-p", REPEATING,
+                               "-n", "60", "--temp", "0", "--ids", *args], capture_output=True, text=True, env=env,
+                              timeout=600)
+
+    plain, spec = nc(), nc("--lookup", "--draft-max", "6")
+    assert plain.returncode == spec.returncode == 0, plain.stderr + spec.stderr
+    assert spec.stdout == plain.stdout
+    assert "lookup: drafted" in spec.stderr and "lookup:" not in plain.stderr
+    bad = nc("--lookup", "--draft-max", "0")
+    assert bad.returncode == 1 and "--draft-max must be a whole number of at least 1, got 0" in bad.stderr
+    assert "Traceback" not in bad.stderr

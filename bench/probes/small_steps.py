@@ -68,7 +68,7 @@ def main() -> None:
     print(f"| precision ({march}) | " + " | ".join(f"{k} rows" for k in args.rows) + " |")
     print("|---" * (len(args.rows) + 1) + "|")
     for precision in args.precisions.split(","):
-        session = CompiledSession.from_weights(model.config, model.weights, n_ctx=args.past + 64, threads=THREADS,
+        session = CompiledSession.from_weights(model.config, model.weights, n_ctx=args.past + max(args.rows) + 8, threads=THREADS,
                                                weights_key=model.key, precision=precision, march=args.march)
         seconds = measure(session, context, args.rows, args.rounds, rng)
         session.close()

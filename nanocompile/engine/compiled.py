@@ -32,6 +32,9 @@ class CompiledSession:
     """Same interface as InterpreterSession, running the compiled whole-model library."""
 
     backend_name = "compiled"
+    # a row's logits are bitwise the same whether it comes in a step of one row or of many (every
+    # output element is computed in the same order), so verifying drafts changes no token
+    rows_exact = True
 
     def __init__(self, opened: Opened, n_ctx: int = 4096, threads: int = 1, progress: bool = False,
                  library: tuple[Path, dict] | None = None, packed_path: Path | None = None):

@@ -140,6 +140,9 @@ def stream(session, prompt_ids: list[int], max_new: int = -1, *, choose=greedy, 
     prompt_ids = list(prompt_ids)
     if len(prompt_ids) == 0:
         raise InputError("the prompt is empty")
+    if lookup is not None and not getattr(session, "rows_exact", False):
+        raise InputError(f"prompt lookup needs a session whose rows do not depend on the step they come in (the "
+                         f"compiled backend); this one is {getattr(session, 'backend_name', type(session).__name__)}")
     keep = 0
     if reuse_cache:
         keep = min(common_prefix(session.tokens, prompt_ids), len(prompt_ids) - 1)
