@@ -365,10 +365,13 @@ def _quantized_projection(col: Loop, row, elements: int, products: str, lanes: i
         ([UnrollJam(col.var, columns)] if columns > 1 else []) + packs
     tile, unpacks = [], []
     if rows and row is not None and not isinstance(row.extent, IConst):
-        # the row tiles read each narrow weight's bytes rebuilt once per column block (schedule/unpack.py),
-        # when there are two tiles or more: a decode step's one row reads the narrow bytes, as
-        # does an odd chunk's last row. One row a tile is split in pairs for that, not jammed.
-        unpacks = [Unpack(p, row.var + "o") for p in quants if fewer and p in narrow
+        # at 8 lanes the row tiles read each narrow weight's bytes rebuilt once per column block
+        # (schedule/unpack.py): a decode step's one row reads the narrow bytes, as does an odd
+        # chunk's last row; one row a tile is split in pairs for that, not jammed. At 16 lanes
+        # the tiles rebuild the bytes themselves: rebuilding once gains nothing at 512 rows
+        # (bench.probes.without Unpack, native, 0.99x) and costs a small step a pass over the
+        # block (8 rows after 256: 3.3x one row with it, 2.1x without; bench.probes.small_steps).
+        unpacks = [Unpack(p, row.var + "o") for p in quants if lanes == 8 and p in narrow
                    and elements * lanes * columns <= UNPACK_BYTES]
         tile = [Reorder(row.var, col.var)] + ([Split(row.var, rows), UnrollJam(row.var + "i", rows)] if rows > 1 else
                                               [Split(row.var, 2)] if unpacks else [])
