@@ -64,7 +64,8 @@ TILES_INT8 = {16: (6, 48, (2, 4, 1)), 8: (2, 8, (4, 2, 1))}
 PANEL_BYTES = 768 * 1024
 SUPERBLOCK_BUDGET = {16: 24, 8: 8}  # registers for a superblock projection's long-lived sums, by lanes
 NARROW_LANES = (8, 16)  # weights in 4-6 bits: read by 8- and 16-lane dot products (schedule/narrow.py)
-SUPERBLOCK_ROWS = 6  # the most prefill rows a superblock projection's tile holds
+SUPERBLOCK_ROWS = 8  # the most rows a superblock projection's tile holds
+SUPERBLOCK_COLUMNS = {16: (1, 2, 4), 8: (2, 4, 1)}  # column vectors per tile, in the order tried
 ATTENTION_ROWS = 8  # query rows unrolled and jammed in attention when they are not a multiple of a group
 SCORE_VECTORS = 4   # vectors of keys per block of stored keys (independent sums in attention's scores)
 
@@ -156,17 +157,19 @@ def _superblock_operands(k: Kernel, supers: Loop, subs: Loop, products: Loop, we
 
 def _superblock_projection(k: Kernel, col: Loop, row, supers: Loop, subs: Loop, products: Loop, lanes: int,
                            weights: frozenset, dot_offset: int = 0, narrow: dict | None = None):
-    """A superblock projection (superblock_projection): two column vectors first, and as many
-    prefill rows as SUPERBLOCK_BUDGET holds for the sums that live across sub-blocks (a
-    float32 and one or two int32 per lane; a sub-block's own int32 sum lives for 16 or 32
+    """A superblock projection (superblock_projection): SUPERBLOCK_COLUMNS's column vectors
+    first, and as many rows as SUPERBLOCK_BUDGET holds for the sums that live across sub-blocks
+    (a float32 and one or two int32 per lane; a sub-block's own int32 sum lives for 16 or 32
     products). Measured on the default model's Q4_K and Q6_K down projections (64 rows, stop 22):
-    2 vectors x 4 rows and 2 x 6 rows run 1.3-1.5x faster than int8's 4 x 3."""
+    2 vectors x 4 rows and 2 x 6 rows run 1.3-1.5x faster than int8's 4 x 3; at 16 lanes without
+    Unpack, 1 vector x 8 rows beats 2 x 4 at every row count (the whole model after 256 tokens,
+    alternated: 8 rows 28.1 against 30.7 ms, 16 rows 45.5 against 71.9, 96 rows 194 against 204)."""
     operands = _superblock_operands(k, supers, subs, products, weights)
     if not operands:
         return
     budget = SUPERBLOCK_BUDGET[lanes]
     sums = sum(1 for s in col.body + supers.body if isinstance(s, AccInit))
-    for columns in (2, 4, 1):
+    for columns in SUPERBLOCK_COLUMNS[lanes]:
         # at least one row inside the columns: each column block's weights read by every row of
         # a prefill chunk from L1 or L2, not once per row from memory (a Q4_K block at 8 lanes has
         # room for one row of its three sums)
