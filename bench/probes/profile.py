@@ -62,6 +62,8 @@ def profile(model, prompt, module, precision: str | None = None, threads: int = 
                         "outside_s": wall - inside, "calls": sum(k["calls"] for k in by_kernel.values()),
                         "top": [{"kernel": n, "ms": k["ns"] / 1e6, "calls": k["calls"]} for n, k in top]}
 
+    s.step(prompt[:1])  # warm-up: every weight faulted in, the pool started (else a short prompt times the faults)
+    s.reset()
     logits, prefill = measure(prompt)
     _, decode = measure([int(np.argmax(logits))])
     s.close()
