@@ -222,6 +222,11 @@ def stream(session, prompt_ids: list[int], max_new: int = -1, *, choose=greedy, 
     except NonFiniteLogitsError:
         session.truncate(start_past)
         raise
+    except KeyboardInterrupt:  # the cache keeps what was generated, as without drafts, not a draft
+        fed = start_past + len(new) + len(result.tokens)
+        if session.past > fed:
+            session.truncate(fed)
+        raise
     finally:
         result.decode_seconds = time.perf_counter() - t0
         if drafting is not None:
