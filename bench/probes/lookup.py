@@ -65,7 +65,11 @@ def main() -> None:
     ap.add_argument("--avx2", action="store_true", help=f"both built for AVX2 (ours x86-64-v3, llama.cpp from "
                                                         f"the interpreter in {AVX2_PYTHON})")
     ap.add_argument("-m", "--model", default="default")
+    ap.add_argument("--sets", default="edit,free", help="the prompt sets to run: edit, free or both")
     args = ap.parse_args()
+    wanted = args.sets.split(",")
+    if not wanted or set(wanted) - {"edit", "free"}:
+        raise SystemExit(f"--sets: edit, free or edit,free, not {args.sets!r}")
     import os
     import sys
 
@@ -73,13 +77,13 @@ def main() -> None:
 
     model = load_model(args.model, progress=False)
     tok = model.tokenizer
-    sets = {"edit": edit_prompts(), "free": FREE_PROMPTS}
+    sets = {name: texts for name, texts in (("edit", edit_prompts()), ("free", FREE_PROMPTS)) if name in wanted}
     prompts = {name: [tok.encode(tok.render_chat([{"role": "user", "content": text}])) for text in texts]
                for name, texts in sets.items()}
     n_ctx = max(len(p) for ps in prompts.values() for p in ps) + args.max_tokens + 32
     base = {"files": {"source": str(model.source), "file": str(model.source)}, "threads": THREADS, "n_ctx": n_ctx,
             "max_tokens": args.max_tokens, "precision": args.precision, "stop_ids": sorted(tok.eos_ids),
-            "prompts": prompts["edit"] + prompts["free"]}
+            "prompts": [p for ps in prompts.values() for p in ps]}
     if args.avx2 and not os.environ.get(AVX2_PYTHON):
         raise SystemExit(f"--avx2 needs {AVX2_PYTHON}: an interpreter with llama-cpp-python built for AVX2 only")
     launches = {
@@ -101,8 +105,9 @@ def main() -> None:
                 answers[engine].append(out["answers"])
             print(f"round {r} done", flush=True)
 
-    n_edit = len(prompts["edit"])
-    parts = {"edit": slice(0, n_edit), "free": slice(n_edit, None)}
+    parts, at = {}, 0
+    for name, ps in prompts.items():
+        parts[name], at = slice(at, at + len(ps)), at + len(ps)
 
     def rate(round_answers, part) -> float:
         chosen = round_answers[parts[part]]
@@ -110,7 +115,7 @@ def main() -> None:
 
     record = {"bench": "lookup", "model": str(model.source), "precision": args.precision,
               "builds": "x86-64-v3 / llama.cpp avx2" if args.avx2 else "this CPU", "rounds": args.rounds,
-              "max_tokens": args.max_tokens, "sets": {}}
+              "max_tokens": args.max_tokens, "sets": {}, "policy": "draft cost extrapolated from the nearest row count seen"}
     same = all(a["tokens"] == b["tokens"] for x, y in zip(answers["nanocompile"], answers["nanocompile lookup"])
                for a, b in zip(x, y))
     print(f"\nnanocompile with lookup gave the same tokens as without on every prompt: {same}")
