@@ -162,7 +162,7 @@ def _superblock_projection(k: Kernel, col: Loop, row, supers: Loop, subs: Loop, 
     (a float32 and one or two int32 per lane; a sub-block's own int32 sum lives for 16 or 32
     products). Measured on the default model's Q4_K and Q6_K down projections (64 rows, stop 22):
     2 vectors x 4 rows and 2 x 6 rows run 1.3-1.5x faster than int8's 4 x 3; at 16 lanes without
-    Unpack, 1 vector x 8 rows beats 2 x 4 at every row count (the whole model after 256 tokens,
+    Unpack, 1 vector x 8 rows beats 2 x 4 at every row count (the whole model after 256 positions,
     alternated: 8 rows 28.1 against 30.7 ms, 16 rows 45.5 against 71.9, 96 rows 194 against 204)."""
     operands = _superblock_operands(k, supers, subs, products, weights)
     if not operands:
