@@ -74,9 +74,9 @@ def test_the_draft_length_follows_acceptance_and_cost():
     length.timed(1, 0.010)
     length.timed(9, 0.100)  # nine rows cost ten times one: not worth it
     assert length.choose(8, 3) < 8
-    assert length.cost(9) == pytest.approx(10.0) and length.cost(5) == pytest.approx(1 + 9 / 8 * 4)  # the line
+    assert length.cost(9) == pytest.approx(10.0) and length.cost(5) == pytest.approx(1 + 9 / 8 * 4)  # as 9 rows
     length.timed(3, 0.011)
-    assert length.cost(2) == pytest.approx(1.05)  # nearest seen: 3 rows
+    assert length.cost(2) == pytest.approx(1.05) and length.cost(9) == pytest.approx(10.0)  # 3 rows' 0.05 a row
     for _ in range(20):
         length.record(1, 4, 0)  # single-token matches always rejected
     assert length.choose(16, 1) == 0

@@ -115,7 +115,7 @@ def main() -> None:
 
     record = {"bench": "lookup", "model": str(model.source), "precision": args.precision,
               "builds": "x86-64-v3 / llama.cpp avx2" if args.avx2 else "this CPU", "rounds": args.rounds,
-              "max_tokens": args.max_tokens, "sets": {}, "policy": "draft cost extrapolated from the nearest row count seen"}
+              "max_tokens": args.max_tokens, "sets": {}, "policy": "unseen row counts at the cheapest cost per extra row seen"}
     same = all(a["tokens"] == b["tokens"] for x, y in zip(answers["nanocompile"], answers["nanocompile lookup"])
                for a, b in zip(x, y))
     print(f"\nnanocompile with lookup gave the same tokens as without on every prompt: {same}")

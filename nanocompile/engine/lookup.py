@@ -16,7 +16,7 @@ How many tokens to draft: a verify step of k drafted tokens yields 1 + (tokens a
 costs what a step of k + 1 rows costs. DraftLength estimates the acceptance of each drafted
 token (per length of the n-gram that matched, decaying, so a region that stops repeating is
 noticed within a few steps) and each row count's cost (the fastest step seen with that many
-rows; a count not yet seen along the line through the nearest one seen; a prior before any),
+rows; a count not yet seen at the cheapest cost per extra row seen; a prior before any),
 and drafts the k that maximises expected tokens per second; zero where nothing matches or a
 draft is not worth its cost.
 """
@@ -103,17 +103,17 @@ class DraftLength:
         return accepted / (accepted + rejected)
 
     def cost(self, rows: int) -> float:
-        """A step of rows against a step of one: as seen, else along the line through the row
-        count seen nearest to it (a CPU whose extra rows cost more than the prior says is not
-        made to try every draft length to find out), else the prior."""
+        """A step of rows against a step of one: as seen; a row count not yet seen at the
+        cheapest cost per extra row seen so far (so a CPU whose extra rows cost more than the
+        prior says is not made to try every draft length to find out, and one where larger
+        steps are cheaper per row than small ones still tries them); the prior before any."""
         one = self.fastest.get(1)
         seen = [r for r in self.fastest if r > 1]
         if rows == 1 or not one or not seen:
             return 1.0 + PRIOR_ROW_COST * (rows - 1)
         if rows in self.fastest:
             return max(self.fastest[rows] / one, 1.0)
-        near = min(seen, key=lambda r: (abs(r - rows), -r))
-        per_row = max(self.fastest[near] / one - 1.0, 0.0) / (near - 1)
+        per_row = min(max(self.fastest[r] / one - 1.0, 0.0) / (r - 1) for r in seen)
         return 1.0 + per_row * (rows - 1)
 
     def choose(self, available: int, ngram: int) -> int:
