@@ -27,25 +27,11 @@ import tempfile
 import threading
 import time
 
-from .common import THREADS, append, summary
+from ..support.measure import append, summary
+from ..support.server import ServerProcess
 
 TOPICS = ["sorting a list", "parsing a date", "reading a CSV file", "merging two dicts", "a binary search",
           "counting words", "reversing a string", "checking for a prime", "flattening a list", "a stack class"]
-
-
-def start_server(model: str, n_ctx: int, queue: int) -> tuple[subprocess.Popen, str]:
-    p = subprocess.Popen([sys.executable, "-m", "nanocompile", "serve", "-q", "-m", model, "--host", "127.0.0.1",
-                          "--port", "0", "-t", str(THREADS), "-c", str(n_ctx), "--queue", str(queue)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         cwd=tempfile.gettempdir())  # the installed package, not a source tree here
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True).start()
-    end = time.time() + 600
-    while not (m := re.search(r"http://127\.0\.0\.1:(\d+)/v1", "".join(lines))):
-        if p.poll() is not None or time.time() > end:
-            raise SystemExit(f"the server did not start:\n{''.join(lines)}")
-        time.sleep(0.1)
-    return p, f"http://127.0.0.1:{m.group(1)}"
 
 
 async def one_request(client, base: str, number: int, max_tokens: int) -> dict:
@@ -124,7 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-append", action="store_true", help="do not append to bench/results.jsonl")
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.clients.split(",")]
-    server, base = start_server(args.model, 2048, max(levels) * 2)
+    server = ServerProcess(args.model, ["-q", "-c", "2048", "--queue", str(max(levels) * 2)])
+    base = server.url
     started = time.time()
     load_before = os.getloadavg()  # other work on the machine shows here: two cores are shared
     rows, problems = [], []
@@ -163,8 +150,7 @@ def main(argv=None) -> int:
                   f"| decode {row['decode_tok_s_per_request']['median']:.1f} tok/s per answer "
                   f"| lost or answered twice: {len(trouble)}", flush=True)
     finally:
-        server.terminate()
-        server.wait(60)
+        server.stop()
     for p in problems:
         print("PROBLEM:", p)
     if not args.no_append:

@@ -5,9 +5,14 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from ..errors import NanocompileError
 
 MAX_DIM = (1 << 31) - 1  # the generated C indexes with 32-bit integers
+# the graph holds both as float32 constants: each must be a normal float32 within these bounds
+ROPE_THETA_BOUNDS = (1.0, float(np.finfo(np.float32).max))  # below 1 the frequencies grow with i
+RMS_NORM_EPS_BOUNDS = (float(np.finfo(np.float32).tiny), 1.0)
 
 
 class ConfigError(NanocompileError, ValueError):
@@ -45,12 +50,10 @@ class Qwen2Config:
                               f"num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             raise ConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
-        for name in ("rope_theta", "rms_norm_eps"):
-            value = getattr(self, name)
-            if not (_is_number(value) and math.isfinite(value) and value > 0):
-                raise ConfigError(f"{name} must be a finite number above 0, got {value!r}")
-        if self.rope_theta < 1:  # frequencies theta**(-2i/d) would grow with i, and overflow
-            raise ConfigError(f"rope_theta must be at least 1, got {self.rope_theta!r}")
+        for name, bounds in (("rope_theta", ROPE_THETA_BOUNDS), ("rms_norm_eps", RMS_NORM_EPS_BOUNDS)):
+            problem = number_problem(getattr(self, name), bounds)
+            if problem:
+                raise ConfigError(f"{name} is {getattr(self, name)!r}, expected {problem}")
         for name in ("tie_word_embeddings", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -91,25 +94,26 @@ class Qwen2Config:
         act = _field(d, "hidden_act", str, where, "silu")
         if act != "silu":
             raise ConfigError(f"{where}: hidden_act is {act!r}; qwen2 uses 'silu'")
-        hidden = _integer(d, "hidden_size", where)
-        heads = _integer(d, "num_attention_heads", where)
-        head_dim = _integer(d, "head_dim", where, None, nullable=True)
-        if head_dim is None:
-            if hidden < heads:
-                raise ConfigError(f"{where}: num_attention_heads ({heads}) is larger than hidden_size ({hidden})")
+        hidden = _dimension(d, "hidden_size", where)
+        heads = _dimension(d, "num_attention_heads", where)
+        head_dim = _dimension(d, "head_dim", where, None, nullable=True)
+        if head_dim is None:  # transformers divides the width among the heads
+            if hidden % heads:
+                raise ConfigError(f"{where}: hidden_size ({hidden}) is not a multiple of num_attention_heads "
+                                  f"({heads}), and no head_dim is given")
             head_dim = hidden // heads
         fields = dict(
             hidden_size=hidden,
-            intermediate_size=_integer(d, "intermediate_size", where),
-            num_hidden_layers=_integer(d, "num_hidden_layers", where),
+            intermediate_size=_dimension(d, "intermediate_size", where),
+            num_hidden_layers=_dimension(d, "num_hidden_layers", where),
             num_attention_heads=heads,
-            num_key_value_heads=_integer(d, "num_key_value_heads", where, heads, nullable=True),
-            vocab_size=_integer(d, "vocab_size", where),
+            num_key_value_heads=_dimension(d, "num_key_value_heads", where, heads, nullable=True),
+            vocab_size=_dimension(d, "vocab_size", where),
             head_dim=head_dim,
             rope_theta=float(theta),
             rms_norm_eps=float(_number(d, "rms_norm_eps", where, 1e-6)),
             tie_word_embeddings=_field(d, "tie_word_embeddings", bool, where, False),
-            max_position_embeddings=_integer(d, "max_position_embeddings", where, 32768),
+            max_position_embeddings=_dimension(d, "max_position_embeddings", where, 32768),
         )
         try:
             return Qwen2Config(**fields)
@@ -134,6 +138,14 @@ def _json_kind(value) -> str:
     return "an object"
 
 
+def number_problem(value, bounds: tuple[float, float]) -> str | None:
+    """None if value is a finite number within bounds (inclusive); else the rule it breaks."""
+    low, high = bounds
+    if _is_number(value) and math.isfinite(value) and low <= value <= high:
+        return None
+    return f"a finite number from {low:g} to {high:g}"
+
+
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -153,8 +165,12 @@ def _field(d: dict, key: str, kind: type, where: str, default=_REQUIRED, label: 
     return value
 
 
-def _integer(d: dict, key: str, where: str, default=_REQUIRED, nullable: bool = False) -> int:
-    return _field(d, key, int, where, default, nullable=nullable)
+def _dimension(d: dict, key: str, where: str, default=_REQUIRED, nullable: bool = False) -> int:
+    """d[key]: an integer from 1 to MAX_DIM (a size, a count: checked before anything divides by it)."""
+    value = _field(d, key, int, where, default, nullable=nullable)
+    if value is not None and not 0 < value <= MAX_DIM:
+        raise ConfigError(f"{where}: {key} is {value}, expected an integer from 1 to {MAX_DIM}")
+    return value
 
 
 def _number(d: dict, key: str, where: str, default=_REQUIRED, label: str | None = None) -> float:

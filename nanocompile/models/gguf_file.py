@@ -252,11 +252,43 @@ class _Parser:
                 self.fail(f"metadata key {key!r} appears twice")
             type_id = self.unpack("<I", f"the type of metadata key {key!r}")
             metadata[key] = self.value(type_id, f"metadata key {key!r}")
-        self.align = alignment = self.alignment(metadata)
-        infos = [self.tensor_info(i, n_tensors) for i in range(n_tensors)]
-        data_start = -(-self.pos // alignment) * alignment
-        tensors = self.place(infos, data_start)
-        return GGUFFile(self.path, version, self.size, metadata, tensors, data_start, alignment)
+        self.align = self.alignment(metadata)
+        table_start = self.pos
+        try:
+            infos = [self.tensor_info(i, n_tensors) for i in range(n_tensors)]
+            data_start = self.data_start()
+            tensors, problem = self.place(infos, data_start)
+        except ModelError as e:  # a wrong count reads tensor data as entries, or stops short of them
+            self.check_count(n_tensors, table_start)
+            raise e from None
+        if problem:
+            self.check_count(n_tensors, table_start)
+            self.fail(problem)
+        return GGUFFile(self.path, version, self.size, metadata, tensors, data_start, self.align)
+
+    def data_start(self) -> int:
+        """The data section begins at the first aligned byte after the tensor table."""
+        return -(-self.pos // self.align) * self.align
+
+    def check_count(self, claimed: int, table_start: int) -> None:
+        """Fails naming both counts if the tensor table holds another number of entries than the
+        header claims: the first count whose entries lay out the data section exactly."""
+        self.pos, entries = table_start, []
+        while len(entries) < MAX_TENSORS:
+            try:
+                entries.append((self.tensor_info(len(entries), claimed), self.data_start()))
+            except ModelError:
+                break
+        for n in range(1, len(entries) + 1):
+            if n == claimed:
+                continue
+            try:
+                _, problem = self.place([info for info, _ in entries[:n]], entries[n - 1][1])
+            except ModelError:
+                continue
+            if problem is None:
+                self.fail(f"the header claims {claimed} tensors, but the tensor table holds {n} (their data "
+                          f"fills the file exactly)")
 
     def value(self, type_id: int, what: str) -> Value:
         if type_id == STRING:
@@ -334,14 +366,16 @@ class _Parser:
         offset = self.unpack("<Q", f"the data offset of {what}")
         return {"name": name, "dims": dims, "type_id": type_id, "offset": offset}
 
-    def place(self, infos: list[dict], data_start: int) -> list[TensorInfo]:
-        """Sizes each tensor from its type and shape and checks it lies in the data section,
-        aligned, without overlapping another."""
+    def place(self, infos: list[dict], data_start: int) -> tuple[list[TensorInfo], str | None]:
+        """Sizes each tensor from its type and shape (failing on what no layout can fix), and
+        returns them with the first fault of the layout, if any: a tensor outside the file or
+        misaligned, two that overlap, or bytes of the data section that no tensor explains beyond
+        the alignment padding after each."""
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
         if data_start > self.size:
-            self.fail(f"the data section would start at byte {data_start}, past the end of the file "
-                      f"({self.size} bytes)")
+            return [], (f"the data section would start at byte {data_start}, past the end of the file "
+                        f"({self.size} bytes)")
         seen: set[str] = set()
         out = []
         for t in infos:
@@ -358,17 +392,28 @@ class _Parser:
                 self.fail(f"tensor {name!r} has {dims[0]} values per row, not a multiple of the {block}-value "
                           f"blocks of {qtype.name}")
             n_bytes = int(np.prod(dims, dtype=object)) // block * type_size
-            if offset % self.align:
-                self.fail(f"tensor {name!r} has data offset {offset}, not a multiple of the alignment "
-                          f"{self.align}")
-            start = data_start + offset
-            if start + n_bytes > self.size:
-                self.fail(f"tensor {name!r} ends at byte {start + n_bytes} but the file has {self.size} bytes "
-                          f"(truncated?): {qtype.name} {list(dims)} is {n_bytes} bytes from byte {start}")
-            out.append(TensorInfo(name, dims, type_id, qtype.name, offset, n_bytes, start))
-        by_start = sorted(out, key=lambda t: (t.start, t.end))
+            out.append(TensorInfo(name, dims, type_id, qtype.name, offset, n_bytes, data_start + offset))
+        return out, self.layout_problem(out, data_start)
+
+    def layout_problem(self, tensors: list[TensorInfo], data_start: int) -> str | None:
+        for t in tensors:
+            if t.offset % self.align:
+                return f"tensor {t.name!r} has data offset {t.offset}, not a multiple of the alignment {self.align}"
+            if t.end > self.size:
+                return (f"tensor {t.name!r} ends at byte {t.end} but the file has {self.size} bytes (truncated?): "
+                        f"{t.type} {list(t.dims)} is {t.n_bytes} bytes from byte {t.start}")
+        by_start = sorted(tensors, key=lambda t: (t.start, t.end))
         for a, b in zip(by_start, by_start[1:]):
             if b.start < a.end:
-                self.fail(f"tensor {b.name!r} (bytes {b.start}..{b.end}) overlaps tensor {a.name!r} "
-                          f"(bytes {a.start}..{a.end})")
-        return out
+                return (f"tensor {b.name!r} (bytes {b.start}..{b.end}) overlaps tensor {a.name!r} "
+                        f"(bytes {a.start}..{a.end})")
+        # every byte of the data section is a tensor's or the padding after one (less than the alignment)
+        ends = [data_start] + [t.end for t in by_start]
+        starts = [t.start for t in by_start] + [self.size]
+        for i, (end, start) in enumerate(zip(ends, starts)):
+            if start - end >= self.align:
+                where = (f"after tensor {by_start[i - 1].name!r}" if i else "before the first tensor")
+                upto = f"before tensor {by_start[i].name!r}" if i < len(by_start) else "up to the end of the file"
+                return (f"the data section has {start - end} bytes {where} (bytes {end}..{start}, {upto}) that no "
+                        f"tensor in the table explains (the alignment padding is less than {self.align} bytes)")
+        return None

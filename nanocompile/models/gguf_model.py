@@ -7,8 +7,8 @@ scaling), the tensor names, shapes and types against the config, and the vocabul
 """
 from __future__ import annotations
 
-import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelError
-from ..frontend.config import MAX_DIM, ConfigError, Qwen2Config, weight_shapes
+from ..frontend.config import (MAX_DIM, RMS_NORM_EPS_BOUNDS, ROPE_THETA_BOUNDS, ConfigError, Qwen2Config,
+                               number_problem, weight_shapes)
 from .gguf_file import FLOAT_TYPES, INTEGER_TYPES, GGUFFile, TensorInfo, read_gguf
 
 LAYER_NAMES = {
@@ -86,10 +87,13 @@ def dequantizable(type_name: str) -> bool:
 class GGUFModel:
     """A parsed, checked Qwen2 GGUF file; convert() dequantizes one tensor."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, parsed: GGUFFile | None = None):
+        """parsed: the container as read_gguf gives it, if it has been read already."""
         self.path = Path(path)
-        check_header(self.path)
-        self.file: GGUFFile = read_gguf(self.path)
+        if parsed is None:
+            check_header(self.path)
+            parsed = read_gguf(self.path)
+        self.file: GGUFFile = parsed
         self.size = self.file.size
         arch = self.value("general.architecture")
         if arch != "qwen2":
@@ -110,7 +114,9 @@ class GGUFModel:
         if found is None:
             return None
         if found.type not in types:
-            self.fail(f"metadata key {key!r} has type {found.type}, expected {expected}")
+            shown = repr(found.value)[:40] if not isinstance(found.value, Sequence) or isinstance(found.value, str) \
+                else f"{len(found.value)} elements"
+            self.fail(f"metadata key {key!r} has type {found.type} ({shown}), expected {expected}")
         return found.value
 
     def integer(self, key: str, default: int | None = None, required: bool = False) -> int:
@@ -123,21 +129,17 @@ class GGUFModel:
             self.fail(f"metadata key {key!r} is {v}, expected an integer from 1 to {MAX_DIM}")
         return v
 
-    def number(self, key: str, default: float | None = None, required: bool = False) -> float:
+    def number(self, key: str, bounds: tuple[float, float], default: float | None = None,
+               required: bool = False) -> float:
         v = self._typed(key, INTEGER_TYPES | FLOAT_TYPES, "a number")
         if v is None:
             if required:
                 self.fail(f"metadata key {key!r} is missing")
             return default
-        if not (math.isfinite(v) and v > 0):
-            self.fail(f"metadata key {key!r} is {v}, expected a finite number above 0")
+        problem = number_problem(v, bounds)
+        if problem:
+            self.fail(f"metadata key {key!r} is {v}, expected {problem}")
         return float(v)
-
-    def rope_base(self, key: str) -> float:
-        theta = self.number(key, 10000.0)
-        if theta < 1:  # frequencies theta**(-2i/d) would grow with i, and overflow
-            self.fail(f"metadata key {key!r} is {theta}, expected a rotary base of at least 1")
-        return theta
 
     def string(self, key: str) -> str | None:
         return self._typed(key, {"STRING"}, "STRING")
@@ -155,11 +157,12 @@ class GGUFModel:
             self.fail(f"metadata key {a + 'attention.head_count'!r} ({heads}) is not a multiple of "
                       f"{a + 'attention.head_count_kv'!r} ({kv_heads})")
         head_dim = self.integer(a + "attention.key_length", None)
-        if head_dim is None:
+        if head_dim is None:  # llama.cpp divides the width among the heads
+            if hidden % heads:
+                self.fail(f"metadata key {a + 'embedding_length'!r} ({hidden}) is not a multiple of "
+                          f"{a + 'attention.head_count'!r} ({heads}), and no {a + 'attention.key_length'!r} "
+                          f"is given")
             head_dim = hidden // heads
-            if head_dim == 0:
-                self.fail(f"metadata key {a + 'attention.head_count'!r} ({heads}) is larger than "
-                          f"{a + 'embedding_length'!r} ({hidden})")
         value_dim = self.integer(a + "attention.value_length", head_dim)
         if value_dim != head_dim:
             self.fail(f"metadata keys {a + 'attention.key_length'!r} ({head_dim}) and "
@@ -185,8 +188,8 @@ class GGUFModel:
                 num_key_value_heads=kv_heads,
                 vocab_size=vocab,
                 head_dim=head_dim,
-                rope_theta=self.rope_base(a + "rope.freq_base"),
-                rms_norm_eps=self.number(a + "attention.layer_norm_rms_epsilon", required=True),
+                rope_theta=self.number(a + "rope.freq_base", ROPE_THETA_BOUNDS, 10000.0),
+                rms_norm_eps=self.number(a + "attention.layer_norm_rms_epsilon", RMS_NORM_EPS_BOUNDS, required=True),
                 tie_word_embeddings=not any(t.name == "output.weight" for t in self.file.tensors),
                 max_position_embeddings=self.integer(a + "context_length", 32768),
             )

@@ -90,15 +90,11 @@ class Tokenizer:
                 raise ModelError(f"{path / 'chat_template.jinja'}: cannot be read as text ({e})") from None
         vocab = backend.get_vocab(with_added_tokens=True)
         eos = []
-        for source in (config, _read_json(path / "generation_config.json") if (path / "generation_config.json").exists() else {}):
-            value = source.get("eos_token") or source.get("eos_token_id")
-            if isinstance(value, dict):
-                value = value.get("content")
-            for v in value if isinstance(value, list) else [value]:
-                if isinstance(v, str) and v in vocab:
-                    eos.append(vocab[v])
-                elif isinstance(v, int):
-                    eos.append(v)
+        generation = path / "generation_config.json"
+        for file, source in ((path / "tokenizer_config.json", config),
+                             (generation, _read_json(generation) if generation.exists() else {})):
+            for key in ("eos_token", "eos_token_id"):
+                eos += _token_ids(source.get(key), vocab, file, key)
         eos += _end_of_turn_ids(vocab)
         bos = config.get("bos_token")
         bos_id = vocab.get(bos) if isinstance(bos, str) else None
@@ -191,6 +187,25 @@ def render_template(template: str, messages: list[dict], add_generation_prompt: 
                                                 tools=None, documents=None, **extra)
     except TemplateError as e:
         raise ModelError(f"chat template failed: {e}") from None
+
+
+def _token_ids(value, vocab: dict[str, int], file: Path, key: str) -> list[int]:
+    """The ids an end-of-text entry names: a token's text, its id, an added-token object, or a
+    list of those; an id must lie in the vocabulary, a text that is not in it is no id."""
+    if value is None:
+        return []
+    ids = []
+    for v in value if isinstance(value, list) else [value]:
+        if isinstance(v, dict):
+            v = v.get("content")
+        if isinstance(v, str):
+            ids += [vocab[v]] if v in vocab else []
+        elif isinstance(v, int) and not isinstance(v, bool) and 0 <= v < len(vocab):
+            ids.append(v)
+        else:
+            raise ModelError(f"{file}: {key} is {json.dumps(value)[:60]}, expected token ids from 0 to "
+                             f"{len(vocab) - 1} or token texts")
+    return ids
 
 
 def _end_of_turn_ids(vocab: dict[str, int]) -> list[int]:
