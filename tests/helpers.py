@@ -1,5 +1,6 @@
 """What the tests share besides bench/support (tiny models and their files, the oracle, the llama.cpp
-peer): the targets this CPU runs, one graph per primitive with random feeds, the real prompts."""
+peer): the targets this CPU runs, one graph per primitive with random feeds, the real prompts, a
+server on the loopback."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -258,3 +259,35 @@ def check_bitwise(lib, g, w, rng, threads=THREADS, kinds=("normal", "zero_block"
                 for key in want:
                     assert got[key].dtype == want[key].dtype
                     assert np.array_equal(got[key].view(np.uint8), want[key].view(np.uint8)), (key, env, kind, t)
+
+
+# a server ---------------------------------------------------------------------------------------
+
+class LiveServer:
+    """uvicorn serving an app on a free loopback port, in a thread of this process."""
+
+    def __init__(self, app):
+        import socket
+        import threading
+        import time
+
+        import uvicorn  # the serve extra: imported here, so that other tests do not need it
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        end = time.time() + 30
+        while not self.server.started:
+            assert time.time() < end and self.thread.is_alive()
+            time.sleep(0.02)
+
+    def health(self) -> dict:
+        import httpx
+
+        return httpx.get(self.url + "/health").json()
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(30)

@@ -74,6 +74,19 @@ def test_frequency_and_presence_penalties_subtract_as_llama_cpp_does():
     assert s(LOGITS) == 2
 
 
+def test_extreme_temperatures_and_penalties_overflow_into_a_choice_not_a_failure():
+    # found by fuzzing the server: logits overflowed to infinity, and the softmax made NaN of them
+    free = dict(top_k=0, top_p=1.0, min_p=0.0, seed=2)
+    assert set(np.nonzero(_draws(SamplingParams(temperature=5e-324, **free), 50))[0]) == {1}  # greedy
+    for temperature in (0.8, 2.0):
+        s = Sampler(SamplingParams(temperature=temperature, repeat_penalty=5e-324, **free))
+        s.accept([1, 2])  # 3.0 and 2.5 divided by 5e-324: both infinite, so both the largest
+        assert {s(LOGITS) for _ in range(50)} <= {1, 2}
+    s = Sampler(SamplingParams(temperature=1.0, repeat_penalty=1e308, **free))
+    s.accept([1, 2, 3])  # -1.0 times 1e308: never drawn
+    assert 3 not in {s(LOGITS) for _ in range(50)}  # (before it leaves the last 64 tokens)
+
+
 def test_a_shared_generator_continues_its_sequence():
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     one = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=5))

@@ -14,7 +14,7 @@ import time
 import httpx
 import openai
 import pytest
-import uvicorn
+from helpers import LiveServer
 from session_wrappers import FaultySession, SlowSession
 
 from nanocompile import Model
@@ -137,28 +137,6 @@ def test_a_client_that_disconnects_mid_stream_frees_the_server(real_server):
 
 # a tiny model served in this process ----------------------------------------------------------------
 
-class LiveServer:
-    """uvicorn serving an app on a free loopback port, in a thread of this process."""
-
-    def __init__(self, app):
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        end = time.time() + 30
-        while not self.server.started:
-            assert time.time() < end and self.thread.is_alive()
-            time.sleep(0.02)
-
-    def health(self) -> dict:
-        return httpx.get(self.url + "/health").json()
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(30)
-
-
 @pytest.fixture()
 def serve_tiny(tiny_chat_model):
     """serve_tiny(wrap=..., **create_app options) -> a LiveServer of the tiny model (interpreter)."""
@@ -204,6 +182,14 @@ def post(server, path, body, **kw):
      "messages.0.content"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
      "tools are not supported"),
+    # what Python's JSON reader takes, or fails on other than as malformed JSON
+    ("/v1/completions", b'{"prompt": "x", "temperature": NaN}', "temperature: Input should be a finite number"),
+    ("/v1/completions", b'{"prompt": "x", "suffix": "\\ud800"}', "suffix: the character at 0 is a lone surrogate"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "a\\udfff"}]}]}',
+     "messages.0.content.0.text: the character at 1 is a lone surrogate"),
+    ("/v1/completions", b'{"prompt": "\xff"}', "the body is not valid JSON: 'utf-8' codec can't decode byte 0xff"),
+    ("/v1/completions", b"[" * 5000 + b"]" * 5000, "the body is not valid JSON: maximum recursion depth exceeded"),
+    ("/v1/completions", {"prompt": ""}, "prompt: String should have at least 1 character"),
 ])
 def test_bad_requests_get_a_400_naming_the_fault(serve_tiny, path, body, message):
     server = serve_tiny()
@@ -211,6 +197,20 @@ def test_bad_requests_get_a_400_naming_the_fault(serve_tiny, path, body, message
     error = r.json()["error"]
     assert r.status_code == 400 and message in error["message"] and error["type"] == "invalid_request_error", error
     assert server.health()["requests"]["done"] == 0  # nothing was queued
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "hello", "max_tokens": 5, "temperature": 5e-324}),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}], "max_tokens": 5, "repeat_penalty": 5e-324}),
+])
+def test_extreme_sampling_values_are_answered_not_a_500(serve_tiny, path, body):
+    # found by the fuzzer (tests/test_server_fuzz.py): logits overflowed to infinity, then NaN
+    server = serve_tiny()
+    r = post(server, path, body)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 5, r.text
+    if "temperature" in body:  # so small a temperature is greedy
+        assert r.json()["choices"][0]["text"] == post(server, path, {**body, **GREEDY}).json()["choices"][0]["text"]
+    assert server.health()["requests"]["failed"] == 0
 
 
 def test_unknown_fields_are_ignored_and_known_ones_still_apply(serve_tiny):

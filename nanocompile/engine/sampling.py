@@ -71,22 +71,28 @@ class Sampler:
         self.recent.extend(int(t) for t in tokens)
 
     def __call__(self, logits: np.ndarray) -> int:
+        with np.errstate(over="ignore"):  # a penalty or a temperature far from 1 may overflow: handled here
+            token = self._choose(logits)
+        self.accept([token])
+        return token
+
+    def _choose(self, logits: np.ndarray) -> int:
         p = self.params
         x = np.asarray(logits, dtype=np.float64).copy()
         if p.repeat_penalty != 1.0 and self.recent:
             seen = np.fromiter(set(self.recent), dtype=np.int64)
             seen = seen[seen < x.size]
             x[seen] = np.where(x[seen] > 0, x[seen] / p.repeat_penalty, x[seen] * p.repeat_penalty)
+            # a logit overflowed to infinity (repeat_penalty near 0 or huge) is the largest float instead:
+            # the order is kept, and the softmax does not meet inf - inf
+            np.clip(x, -_LARGEST, _LARGEST, out=x)
         if (p.frequency_penalty or p.presence_penalty) and self.recent:
             ids, counts = np.unique(np.fromiter(self.recent, dtype=np.int64), return_counts=True)
             keep = ids < x.size
             x[ids[keep]] -= counts[keep] * p.frequency_penalty + p.presence_penalty
         if p.temperature <= 0:
-            token = int(np.argmax(x))
-        else:
-            token = self._draw(x)
-        self.accept([token])
-        return token
+            return int(np.argmax(x))
+        return self._draw(x)
 
     def _draw(self, x: np.ndarray) -> int:
         p = self.params
@@ -100,8 +106,13 @@ class Sampler:
         if p.min_p > 0.0:
             keep = probs >= p.min_p * probs[0]
             ids = ids[keep]
-        scaled = _softmax(x[ids] / p.temperature)
-        return int(ids[self.rng.choice(len(ids), p=scaled)])
+        scaled = x[ids] / p.temperature
+        if not np.isfinite(scaled[0]):  # so small a temperature that the largest logit overflows: greedy
+            return int(ids[0])
+        return int(ids[self.rng.choice(len(ids), p=_softmax(scaled))])
+
+
+_LARGEST = np.finfo(np.float64).max
 
 
 def _softmax(v: np.ndarray) -> np.ndarray:

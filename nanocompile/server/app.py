@@ -1,5 +1,5 @@
 """The HTTP application: OpenAI's /v1/chat/completions, /v1/completions (with fill in the middle),
-/v1/models, and /health, on FastAPI.
+/v1/models, and /health, on FastAPI; /openapi.json describes them.
 
 Every request is checked and tokenized on arrival (off the event loop), then queued for the one
 generation worker (engine.Engine); a full queue is a 503, a prompt longer than the context a 400.
@@ -28,10 +28,21 @@ from ..engine.checks import check_tokens
 from ..engine.sampling import SamplingParams
 from ..errors import ContextFullError, InputError, ModelError, NanocompileError
 from . import openai_format as fmt
+from . import schemas
 from .schemas import ChatRequest, CompletionRequest, Sampling
 from .worker import Engine, Job, QueueFull, ShuttingDown
 
 MAX_BODY = 8 << 20
+
+# the errors each endpoint can answer, for the OpenAPI document
+ERRORS = {400: "a malformed or unsupported request, or a prompt longer than the context",
+          401: "no or a wrong API key (Authorization: Bearer KEY)",
+          413: "a body above the limit (nanocompile serve --max-body)",
+          500: "the model's logits are not finite (or a bug of the server's: internal error)",
+          503: "the queue is full (Retry-After: 1), or the server is shutting down"}
+# one event of a stream (OpenAPI 3.1: the schema of an event stream is that of each event)
+STREAM_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {
+    "type": "string", "description": "a chunk as JSON, or [DONE] after the last one"}}}
 
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -42,8 +53,8 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
 
 class FrontDoor:
     """Before a body is read: 401 for /v1/ requests without `Authorization: Bearer KEY` (when a
-    key is set; /health stays open, for load balancers), and 413 for a body above the limit,
-    declared (Content-Length) or counted as it arrives (chunked)."""
+    key is set; /health and /openapi.json stay open, for load balancers and clients), and 413 for
+    a body above the limit, declared (Content-Length) or counted as it arrives (chunked)."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, max_body: int):
         self.app, self.key, self.max_body = app, api_key.encode() if api_key else None, max_body
@@ -111,9 +122,34 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         engine.close()
 
     app = FastAPI(title="nanocompile", lifespan=lifespan, strict_content_type=False, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+                  openapi_url="/openapi.json")
     app.state.engine = engine
     app.add_middleware(FrontDoor, api_key=api_key, max_body=max_body)
+    key_errors = (401,) if api_key else ()
+
+    def responses(answer: type, *errors: int, stream: bool = False) -> dict:
+        """The document's responses of an endpoint: its answer, and its errors in OpenAI's shape."""
+        ok = {"model": answer, **({"content": {"text/event-stream": {"schema": STREAM_EVENT}},
+                                  "description": "the answer; with stream, server-sent events"} if stream else {})}
+        return {200: ok, **{status: {"model": schemas.ErrorBody, "description": ERRORS[status]} for status in errors}}
+
+    def openapi() -> dict:
+        """FastAPI's document, less the 422 it lists for a body (a request that fails validation
+        is a 400 here), and with the API key as a bearer token on /v1/ if the server has one."""
+        if app.openapi_schema is None:
+            doc = FastAPI.openapi(app)
+            for path, operations in doc["paths"].items():
+                for operation in operations.values():
+                    operation["responses"].pop("422", None)
+                    if api_key and path.startswith("/v1/"):
+                        operation["security"] = [{"api_key": []}]
+            for name in ("HTTPValidationError", "ValidationError"):
+                doc["components"]["schemas"].pop(name, None)
+            if api_key:
+                doc["components"]["securitySchemes"] = {"api_key": {"type": "http", "scheme": "bearer"}}
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -124,21 +160,29 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         messages = {404: f"no such endpoint: {request.method} {request.url.path}",
                     405: f"{request.method} is not allowed on {request.url.path}"}
+        if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not read the body
+            messages[400] = f"the body is not valid JSON: {exc.__cause__}"
         return error_response(exc.status_code, messages.get(exc.status_code, str(exc.detail)),
                               "invalid_request_error" if exc.status_code < 500 else "server_error",
                               headers=getattr(exc, "headers", None))
 
-    @app.get("/health")
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        # a bug: still OpenAI's JSON for the client (and Starlette still logs the traceback)
+        return error_response(500, _internal(exc), "server_error")
+
+    @app.get("/health", responses=responses(schemas.Health))
     async def health() -> dict:
         return {"status": "ok", "model": model_id, "n_ctx": model.n_ctx, **engine.state()}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=responses(schemas.ModelList, *key_errors))
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": started,
                                              "owned_by": "nanocompile", "meta": {"n_ctx": model.n_ctx,
                                                                                  "n_vocab": model.n_vocab}}]}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=responses(schemas.Completion, 400, *key_errors, 413, 500, 503,
+                                                     stream=True))
     async def completions(body: CompletionRequest, request: Request) -> Response:
         def prompt_ids() -> tuple[list[int], list[int]]:
             prompt = body.prompt_value()
@@ -149,7 +193,8 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         return await answer(request, body, prompt_ids, body.max_tokens, fmt.completion_body,
                             lambda c, first, usage: fmt.completion_events(c, usage))
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=responses(schemas.ChatCompletion, 400, *key_errors, 413, 500, 503,
+                                                          stream=True))
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
         def prompt_ids() -> tuple[list[int], list[int]]:
             return model.chat_prompt([m.as_dict() for m in body.messages]), []
@@ -223,6 +268,8 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
             yield _error_event("the server is shutting down")
         except NanocompileError as e:
             yield _error_event(str(e))
+        except Exception as e:  # a bug: the client is told in the stream, as of a fault
+            yield _error_event(_internal(e))
         finally:
             engine.cancel(job)  # the client disconnected, or the job is over (then nothing happens)
 
@@ -248,16 +295,22 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+def _internal(e: Exception) -> str:
+    return f"internal error: {type(e).__name__}: {e}"
+
+
 def _error_event(message: str) -> str:
-    return f"data: {json.dumps({'error': {'message': message, 'type': 'server_error'}})}\n\n"
+    error = {"message": message, "type": "server_error", "param": None, "code": None}
+    return f"data: {json.dumps({'error': error})}\n\n"
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
 def _describe(errors: list[dict]) -> tuple[str, str | None]:
-    """A validation error as one line: the field and what is wrong with it."""
-    e = errors[0]
+    """A validation error as one line: the field and what is wrong with it. Of a union's errors, the
+    one that went deepest into the input: a list of parts with a bad part is not "not a string"."""
+    e = max(errors, key=lambda e: len(e.get("loc", ())))
     loc = [str(p) for p in e.get("loc", ()) if p != "body"]
     if e.get("type") == "json_invalid":
         return f"the body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}", None

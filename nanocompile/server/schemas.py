@@ -1,4 +1,5 @@
-"""The request bodies the server accepts, as pydantic models of OpenAI's fields.
+"""The request bodies the server accepts, as pydantic models of OpenAI's fields, and the bodies it
+answers with (these only describe them in the OpenAPI document, /openapi.json).
 
 Types are strict (a string where a number belongs is refused, not converted). Fields this server
 does not know are ignored, as llama.cpp's server and Ollama ignore them: editor plugins send
@@ -9,9 +10,28 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic_core import PydanticCustomError
 
-Number = StrictFloat | StrictInt
+# an integer is a number too (strict floats take ints, not strings); NaN and infinities, which
+# Python's JSON reader takes, are refused. One type, not a union, so that bounds set on it appear
+# in the OpenAPI document as minimum and maximum.
+Number = Annotated[StrictFloat, Field(allow_inf_nan=False)]
+
+
+def _characters(text: str) -> str:
+    """Python's JSON reader takes a lone surrogate ("\\ud800"), which is not a character and which
+    the tokenizer cannot take: refused here."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PydanticCustomError("lone_surrogate", "the character at {at} is a lone surrogate, not text",
+                                  {"at": e.start}) from None
+    return text
+
+
+Text = Annotated[StrictStr, AfterValidator(_characters)]  # what is tokenized
+Prompt = Annotated[StrictStr, Field(min_length=1), AfterValidator(_characters)]  # not empty
 Stop = StrictStr | Annotated[list[StrictStr], Field(max_length=16)] | None
 
 
@@ -47,9 +67,9 @@ class Sampling(BaseModel):
 
 
 class CompletionRequest(Sampling):
-    prompt: StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=1)] | \
+    prompt: Prompt | Annotated[list[Prompt], Field(min_length=1, max_length=1)] | \
         Annotated[list[StrictInt], Field(min_length=1)]
-    suffix: StrictStr | None = None  # fill in the middle between prompt and suffix
+    suffix: Text | None = None  # fill in the middle between prompt and suffix
     max_tokens: Annotated[StrictInt, Field(ge=0)] | None = 16
     echo: StrictBool = False
     logprobs: StrictInt | None = None
@@ -69,13 +89,13 @@ class CompletionRequest(Sampling):
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: Literal["text"]
-    text: StrictStr
+    text: Text
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | list[TextPart] | None = None
+    content: Text | list[TextPart] | None = None
 
     def as_dict(self) -> dict:
         text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
@@ -103,3 +123,114 @@ class ChatRequest(Sampling):
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+# what the server answers, for the OpenAPI document (the handlers build these bodies as dicts:
+# openai_format.py, app.py)
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error, the body of every 4xx and 5xx."""
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Timings(BaseModel):
+    """llama.cpp server's `timings`."""
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_second: float
+    cache_n: int
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_second: float
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
+
+
+FinishReason = Literal["stop", "length", "interrupted"]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None
+    finish_reason: FinishReason
+
+
+class Answer(BaseModel):
+    """What a completion and a chat completion share."""
+    id: str
+    created: int
+    model: str
+    usage: Usage
+    timings: Timings
+
+
+class Completion(Answer):
+    object: Literal["text_completion"]
+    choices: list[CompletionChoice]
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: None
+    finish_reason: FinishReason
+
+
+class ChatCompletion(Answer):
+    object: Literal["chat.completion"]
+    choices: list[ChatChoice]
+
+
+class ModelMeta(BaseModel):
+    n_ctx: int
+    n_vocab: int
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    meta: ModelMeta
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class RequestCounts(BaseModel):
+    done: int
+    cancelled: int
+    failed: int
+    rejected: int
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    model: str
+    n_ctx: int
+    queued: int
+    busy: bool
+    max_queue: int
+    requests: RequestCounts
+    tokens_generated: int

@@ -1,0 +1,130 @@
+"""The HTTP API fuzzed from its own OpenAPI document. Schemathesis reads /openapi.json from the
+server and sends every endpoint requests generated from it: valid bodies and invalid ones (wrong
+types, missing fields, values out of range, bodies that are not JSON objects), other methods,
+odd headers; each once without the API key and once with it (schemathesis drops the key itself
+where it tests a missing one). Whatever a client sends, the answer is never a 5xx; every 4xx is
+OpenAI's error, {"error": {"message", "type", "param", "code"}}; every answer is what the document
+says (status, content type, headers, body). Afterwards /health says ok, with request counts that
+add up to the answers the fuzzer got.
+
+The server is uvicorn on the loopback, as `nanocompile serve` runs it: schemathesis ends the
+lifespan of an application it calls in-process after each test, and the server's engine stops for
+good with it. The tiny random model on the interpreter, in a context of 32 tokens (a full context
+stops a generation), keeps each request cheap; the examples per endpoint are bounded and
+derandomized, so every run sends the same requests. What schemathesis does not send (NaN, lone
+surrogates, nesting too deep to read) is in test_server.py's list of bad requests.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+import schemathesis
+from helpers import LiveServer
+from hypothesis import settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (content_type_conformance, response_headers_conformance,
+                                               response_schema_conformance, status_code_conformance)
+
+from nanocompile import Model
+from nanocompile.engine.interpreted import InterpreterSession
+from nanocompile.server import create_app
+
+KEY = "sk-fuzz-key"
+N_CTX = 32  # a chat without max_tokens runs until the context is full (the template takes 19)
+GENERATING = {"/v1/completions", "/v1/chat/completions"}
+# what the server answers must be what the document says; schemathesis' other default checks
+# expect a valid request to succeed, but a valid body can still be refused (a token id outside
+# the vocabulary, a prompt longer than the context, echo: true), with a 400
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
+          response_schema_conformance]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_chat_model):
+    """The tiny model's server, with a tally of the answers the fuzzer got: (path, status) -> count,
+    and the tokens of the whole (not streamed) completions."""
+    session = InterpreterSession.from_weights(tiny_chat_model.config, tiny_chat_model.weights, n_ctx=N_CTX)
+    server = LiveServer(create_app(Model.from_session(tiny_chat_model, session), api_key=KEY))
+    server.answers, server.tokens = Counter(), 0
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def api(served):
+    return schemathesis.openapi.from_url(served.url + "/openapi.json")  # no key: open, as /health is
+
+
+def test_the_document_describes_every_endpoint_and_body(api):
+    doc = api.raw_schema
+    assert {(path, method) for path, ops in doc["paths"].items() for method in ops} == {
+        ("/v1/completions", "post"), ("/v1/chat/completions", "post"), ("/v1/models", "get"), ("/health", "get")}
+    bodies = {path: ops["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+              for path, ops in doc["paths"].items() if "post" in ops}
+    assert bodies == {"/v1/completions": "#/components/schemas/CompletionRequest",
+                      "/v1/chat/completions": "#/components/schemas/ChatRequest"}
+    schemas = doc["components"]["schemas"]
+    assert schemas["CompletionRequest"]["required"] == ["prompt"]
+    assert schemas["ChatRequest"]["required"] == ["messages"]
+    # bounds are stated as JSON Schema's, so that a client (and the fuzzer) can see them
+    assert schemas["CompletionRequest"]["properties"]["temperature"]["anyOf"][0] == {
+        "type": "number", "minimum": 0, "maximum": 2}
+    for path in GENERATING:
+        errors = doc["paths"][path]["post"]["responses"]
+        assert {"400", "401", "413", "503"} <= errors.keys() and "422" not in errors
+        assert errors["400"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorBody"}
+    assert doc["paths"]["/v1/models"]["get"]["security"] == [{"api_key": []}]
+    assert "security" not in doc["paths"]["/health"]["get"]
+
+
+def openai_error_shape(ctx, response, case) -> None:
+    """Every error is OpenAI's JSON, whether the document lists its status or not."""
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+    except ValueError:
+        raise AssertionError(f"the error is not JSON: {response.text[:200]!r}") from None
+    assert isinstance(body, dict) and body.keys() == {"error"}, body
+    error = body["error"]
+    assert isinstance(error, dict) and error.keys() == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"] and isinstance(error["type"], str), error
+
+
+schema = schemathesis.pytest.from_fixture("api")
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None)
+@schema.parametrize()
+def test_no_request_gets_a_server_error_and_every_error_is_openais(case, served):
+    # without the key (schemathesis may make one up): refused before the body is read
+    anonymous = case.call()
+    if case.path.startswith("/v1/"):
+        assert anonymous.status_code == 401, anonymous.text
+    case.validate_response(anonymous, checks=CHECKS, additional_checks=[openai_error_shape])
+    response = case.call(headers={"Authorization": f"Bearer {KEY}"})
+    served.answers[case.path, response.status_code] += 1
+    if response.status_code == 200 and response.headers["content-type"] == ["application/json"]:
+        served.tokens += response.json().get("usage", {}).get("completion_tokens", 0)
+    case.validate_response(response, checks=CHECKS, additional_checks=[openai_error_shape],
+                           headers={"Authorization": f"Bearer {KEY}"})
+
+
+def test_the_server_is_healthy_after_the_fuzzing_and_its_counts_add_up(served):
+    end = time.time() + 30
+    while (health := served.health())["busy"] or health["queued"]:
+        assert time.time() < end, health  # a stream cut short stops at its next token
+        time.sleep(0.05)
+    answers = served.answers
+    assert health["status"] == "ok" and not any(status >= 500 for _, status in answers)
+    generated = sum(n for (path, status), n in answers.items() if path in GENERATING and status == 200)
+    if answers:  # the fuzzing ran (not this test alone)
+        assert generated, f"no generation got through: {answers}"
+    counts = health["requests"]
+    # each answered generation ran to its end, or stopped when the client left (the fuzzer reads
+    # a stream's first events only); none failed, none found the queue full
+    assert counts["done"] + counts["cancelled"] == generated and counts["failed"] == counts["rejected"] == 0
+    # the whole answers' tokens, and the streams' (not counted here)
+    assert health["tokens_generated"] >= served.tokens and (health["tokens_generated"] > 0) == (generated > 0)
