@@ -262,6 +262,7 @@ def test_read_only_cache_still_runs(models, tmp_path):
             os.chmod(path, 0o755)
 
 
+@pytest.mark.slow
 def test_cache_path_that_is_a_file_is_an_error(models, tmp_path):
     file = tmp_path / "not-a-dir"
     file.write_text("x")

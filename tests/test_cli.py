@@ -47,6 +47,7 @@ def test_a_quantized_gguf_runs_native_by_default(real_model):
     assert "precision native" in r.stderr and "requantized" not in r.stderr
 
 
+@pytest.mark.slow
 def test_bad_sampling_flags_are_refused_before_loading():
     for flags, message in ((("--top-p", "0"), "--top-p must be in (0, 1]"), (("--min-p", "2"), "--min-p must be"),
                            (("--top-k", "-1"), "--top-k must be >= 0"),

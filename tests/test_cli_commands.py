@@ -94,6 +94,7 @@ def test_ctrl_c_stops_generation_cleanly(real_model):
     assert "stopped: interrupted" in err and "generation:" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_non_finite_logits_stop_with_an_error_naming_the_step(tiny, tmp_path):
     """Finite weights whose attention scores overflow float32 (each q.k term is 1e20 x 1e20): the
     logits are NaN, and no token (least of all token 0) is printed as an answer."""
@@ -111,6 +112,7 @@ def test_non_finite_logits_stop_with_an_error_naming_the_step(tiny, tmp_path):
         assert r.stdout.strip() == "", r.stdout
 
 
+@pytest.mark.slow
 def test_chat_ends_cleanly_when_standard_input_is_closed_or_empty(tiny):
     path, env = tiny
     closed = subprocess.run([*NC, "chat", "-q", "-m", path], env=env, capture_output=True, text=True, timeout=300,
@@ -167,6 +169,7 @@ def test_same_seed_same_text_on_a_tiny_model(tiny):
     assert a.stdout == b.stdout and "seed 7" in a.stderr
 
 
+@pytest.mark.slow
 def test_more_threads_than_cores_is_allowed_with_a_warning(tiny):
     path, env = tiny
     cores = len(os.sched_getaffinity(0))

@@ -13,6 +13,7 @@ from nanocompile.codegen.tree import write_tree
 from nanocompile.compiler.driver import STAGES, compile_model
 
 
+@pytest.mark.slow
 def test_generating_twice_gives_identical_files(tmp_path):
     a = render_tree(compile_model(tiny_config()))
     b = render_tree(compile_model(tiny_config()))
@@ -35,6 +36,7 @@ def test_templates_are_strict():
         env.get_template("model.h.j2").render(prefix="x_")
 
 
+@pytest.mark.slow
 def test_generated_c_reads_as_written_by_hand():
     files = render_tree(compile_model(tiny_config()))
     c = files["model.c"]
@@ -69,6 +71,7 @@ def test_dump_after_each_stage(stage):
         assert "memory plan last: " in text
 
 
+@pytest.mark.slow
 def test_dump_after_on_the_command_line(tmp_path):
     gguf = write_gguf(tmp_path / "tiny.gguf", tiny_config(), random_weights(tiny_config()), quantize=False)
     env = {**os.environ, "NANOCOMPILE_CACHE": str(tmp_path / "cache")}

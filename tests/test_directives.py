@@ -216,6 +216,7 @@ def test_refusal(case):
         apply(k, schedule)
 
 
+@pytest.mark.slow
 def test_a_select_the_same_in_every_lane_vectorizes():
     """RoPE reads the other half of its row. With halves of whole vectors (head_dim 64, 16 lanes),
     a vector's lanes are all in one half: the condition loses the lane, and only the side it

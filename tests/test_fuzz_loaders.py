@@ -13,12 +13,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from fuzz_cases import all_cases
 
 WORKERS = 2
 # fragments of Python's own error texts, which a message in the file's terms never contains
 INTERNAL = ("Traceback", "Error:", "Error(", "object has no attribute", "unpack requires", "not subscriptable",
             "invalid literal for", "is not iterable", "unhashable type", "index out of", "takes ", "argument")
+
+pytestmark = pytest.mark.slow  # over 600 files, each through the CLI
 
 
 def expected_gguf(path: Path) -> dict | str:

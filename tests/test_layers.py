@@ -5,6 +5,8 @@ sits above everything."""
 import ast
 from pathlib import Path
 
+import pytest
+
 import nanocompile
 
 ROOT = Path(nanocompile.__file__).parent
@@ -75,6 +77,7 @@ def test_only_a_handful_of_loose_modules():
     assert loose <= LOOSE, sorted(loose - LOOSE)
 
 
+@pytest.mark.slow
 def test_no_import_runs_up_the_layers():
     upward = []
     for f in sorted(ROOT.rglob("*.py")):

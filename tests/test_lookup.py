@@ -195,6 +195,7 @@ def two_sample_chi2(a: list[int], b: list[int]) -> float:
     return chi2_survival(statistic, counts.shape[1] - 1) if counts.shape[1] > 1 else 1.0
 
 
+@pytest.mark.slow
 def test_the_chi_squared_survival_is_the_integral_of_its_density():
     """The closed forms against the density integrated numerically, for whole and odd degrees
     of freedom (the test suite has no scipy)."""

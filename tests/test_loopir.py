@@ -53,6 +53,7 @@ def test_printer_shows_loops_and_calls():
     assert "call append_" in text and "buffer cache_0_k: state f32[n_ctx, 2, 10]" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fuse", [False, True])
 def test_each_weight_is_read_exactly_once(fuse):
     """The 'all logits' variant: every weight is read once per run, so the bytes polynomial's
@@ -79,6 +80,7 @@ def test_each_weight_is_read_exactly_once(fuse):
     assert bytes_per_run(prog).const == weights + tables
 
 
+@pytest.mark.slow
 def test_each_cached_key_and_value_is_read_once_per_step(default_module):
     """Grouped-query attention without a repeat of K and V: each cached float is read once per
     step (by the scores or the context matmul), so the past coefficient of the bytes polynomial

@@ -253,6 +253,7 @@ def test_a_source_without_stored_blocks_runs_native_as_int8(tmp_path, capfd):
     assert plain.fallback_note() and np.array_equal(plain["w.qs"], quantize_q8_0(np.ones((4, 32), np.float32))[0])
 
 
+@pytest.mark.slow
 def test_cli_runs_native(tiny_native):
     model, cache = tiny_native
     env = {"NANOCOMPILE_CACHE": str(cache), "PATH": "/usr/bin:/bin"}

@@ -10,6 +10,7 @@ from nanocompile.compiler.driver import compile_model
 from nanocompile.generate import DEFAULT_ARCH
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["f32", "int8"])
 def test_default_library_is_in_the_wheel(precision):
     shipped = {m["fingerprint"]["precision"]: (m, d) for m, d in packaged_manifests()}

@@ -73,6 +73,7 @@ def test_fused_c_equals_unfused_c_on_every_primitive_test(name):
             assert np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)), (name, k, env)
 
 
+@pytest.mark.slow
 def test_fourteen_kernels_per_block():
     m = compile_model(DEFAULT_ARCH)
     calls = m.variants["last"].calls

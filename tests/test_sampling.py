@@ -19,6 +19,7 @@ def test_greedy_forms_pick_the_largest_logit():
         assert set(np.nonzero(_draws(params, 50))[0]) == {1}, params
 
 
+@pytest.mark.slow
 def test_draws_follow_the_tempered_distribution():
     logits = np.array([0.0, np.log(3.0)], np.float32)
     counts = _draws(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7), 8000, logits)
@@ -27,6 +28,7 @@ def test_draws_follow_the_tempered_distribution():
     assert abs(counts[1] / 8000 - 0.9) < 5 * np.sqrt(0.9 * 0.1 / 8000)  # 3^2 : 1
 
 
+@pytest.mark.slow
 def test_top_k_top_p_min_p_cut_the_tail():
     base = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1)
     assert set(np.nonzero(_draws(SamplingParams(**{**base, "top_k": 2})))[0]) == {1, 2}

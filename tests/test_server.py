@@ -153,6 +153,16 @@ def serve_tiny(tiny_chat_model):
         s.stop()
 
 
+@pytest.fixture(scope="module")
+def refusing_server(tiny_chat_model):
+    """One server for every bad-request case: a refused request queues nothing, so each case still
+    sees no request done (and a server per case cost 0.4 s to start and stop)."""
+    session = InterpreterSession.from_weights(tiny_chat_model.config, tiny_chat_model.weights, n_ctx=256)
+    server = LiveServer(create_app(Model.from_session(tiny_chat_model, session)))
+    yield server
+    server.stop()
+
+
 def post(server, path, body, **kw):
     if isinstance(body, (bytes, str)):
         return httpx.post(server.url + path, content=body, headers={"Content-Type": "application/json"}, **kw)
@@ -191,8 +201,8 @@ def post(server, path, body, **kw):
     ("/v1/completions", b"[" * 5000 + b"]" * 5000, "the body is not valid JSON: maximum recursion depth exceeded"),
     ("/v1/completions", {"prompt": ""}, "prompt: String should have at least 1 character"),
 ])
-def test_bad_requests_get_a_400_naming_the_fault(serve_tiny, path, body, message):
-    server = serve_tiny()
+def test_bad_requests_get_a_400_naming_the_fault(refusing_server, path, body, message):
+    server = refusing_server
     r = post(server, path, body)
     error = r.json()["error"]
     assert r.status_code == 400 and message in error["message"] and error["type"] == "invalid_request_error", error
@@ -309,6 +319,7 @@ def test_non_finite_logits_are_a_500_naming_the_step_and_the_server_goes_on(serv
     assert all("choices" in e for e in events[:-1]) and server.health()["requests"]["failed"] == 1
 
 
+@pytest.mark.slow
 def test_concurrent_clients_are_all_answered_once_in_turn(serve_tiny, tiny_chat_model):
     server = serve_tiny(max_queue=16)
     prompts = [f"prompt number {i}" for i in range(8)]
@@ -332,6 +343,7 @@ def test_concurrent_clients_are_all_answered_once_in_turn(serve_tiny, tiny_chat_
     assert server.health()["requests"]["done"] == len(prompts)
 
 
+@pytest.mark.slow
 def test_serve_refuses_a_port_in_use_before_loading_the_model():
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]

@@ -31,6 +31,8 @@ from nanocompile import Model
 from nanocompile.engine.interpreted import InterpreterSession
 from nanocompile.server import create_app
 
+pytestmark = pytest.mark.slow  # hundreds of generated requests
+
 KEY = "sk-fuzz-key"
 N_CTX = 32  # a chat without max_tokens runs until the context is full (the template takes 19)
 GENERATING = {"/v1/completions", "/v1/chat/completions"}

@@ -59,6 +59,7 @@ def test_gguf_second_load_is_identical_and_keyed_by_content(tmp_path, isolated_c
 
 @pytest.mark.parametrize("rope_form, shards, bf16", [("parameters", 1, False), ("theta", 3, False),
                                                       ("parameters", 2, True)])
+@pytest.mark.slow
 def test_hf_directory_against_transformers(tmp_path, rope_form, shards, bf16):
     import torch
     from transformers import Qwen2ForCausalLM

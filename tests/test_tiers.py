@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from nanocompile.compiler.build import NO_BUILD
 
 TESTS = Path(__file__).resolve().parent
@@ -24,6 +26,11 @@ def test_fast_reaches_cmake(tmp_path):
 
 def test_fast_compiles_a_graph_library(tmp_path):
     compile_source("int x;", "x86-64", tmp_path)
+
+
+@pytest.mark.slow
+def test_slow_reaches_cmake(tmp_path):
+    cmake_build(tmp_path, tmp_path / "build")
 
 
 @pytest.mark.c
@@ -51,25 +58,32 @@ def outcomes(stdout: str) -> dict[str, str]:
             re.finditer(r"^(PASSED|FAILED) \S+::(\w+)(?: - (.*))?$", stdout, re.MULTILINE)}
 
 
+@pytest.mark.slow
 def test_a_fast_test_that_reaches_the_builder_fails_naming_its_tier_and_a_c_test_does_not(tmp_path):
     case = tmp_path / "test_cases.py"
     case.write_text(CASES)
     r = pytest_on(case)
     got = outcomes(r.stdout)
-    assert set(got) == {"test_fast_reaches_cmake", "test_fast_compiles_a_graph_library",
+    assert set(got) == {"test_fast_reaches_cmake", "test_fast_compiles_a_graph_library", "test_slow_reaches_cmake",
                         "test_marked_c_reaches_cmake", "test_asks_for_cc"}, r.stdout
     for name in ("test_fast_reaches_cmake", "test_fast_compiles_a_graph_library"):
         assert got[name].startswith("FAILED") and "a fast test reached the C builder" in got[name], got[name]
     assert "mark it c" in r.stdout and NO_BUILD in r.stdout
+    # the slow tier is Python only too
+    assert got["test_slow_reaches_cmake"].startswith("FAILED")
+    assert "a slow test reached the C builder" in got["test_slow_reaches_cmake"], got["test_slow_reaches_cmake"]
     # the same call marked c gets past the tier's check: cmake fails for its own reason
     assert got["test_marked_c_reaches_cmake"].startswith("FAILED")
     assert "fast test" not in got["test_marked_c_reaches_cmake"] and NO_BUILD not in got["test_marked_c_reaches_cmake"]
     assert got["test_asks_for_cc"] == "PASSED"
 
 
+@pytest.mark.slow
 def test_the_cc_fixture_puts_a_test_in_the_c_tier(tmp_path):
     case = tmp_path / "test_cases.py"
     case.write_text(CASES)
     fast = pytest_on(case, "--collect-only", "-m", "fast").stdout
     assert "test_asks_for_cc" not in fast and "test_marked_c_reaches_cmake" not in fast
-    assert "test_fast_reaches_cmake" in fast
+    assert "test_fast_reaches_cmake" in fast and "test_slow_reaches_cmake" not in fast
+    slow = pytest_on(case, "--collect-only", "-m", "slow").stdout
+    assert "test_slow_reaches_cmake" in slow and "test_fast_reaches_cmake" not in slow

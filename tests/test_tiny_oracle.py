@@ -11,6 +11,8 @@ from bench.support.oracle import build_oracle, cache_layer, oracle_greedy, oracl
 
 from nanocompile.engine.interpreted import InterpreterSession
 
+pytestmark = pytest.mark.slow  # transformers and torch take seconds to import
+
 CONFIGS = {
     "gqa1-odd-untied": dict(hidden=36, heads=3, kv_heads=3, head_dim=12, ffn=53, layers=2, vocab=157, tied=False),
     "gqa3-odd-tied": dict(hidden=45, heads=3, kv_heads=1, head_dim=14, ffn=97, layers=3, vocab=211, tied=True),

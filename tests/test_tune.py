@@ -75,6 +75,7 @@ def test_a_search_replays_exactly_from_its_record():
 
 # the space and the results file ------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision, march", [("f32", "x86-64-v3"), ("int8", "x86-64-v3"), ("int8", "x86-64-v4+vnni")])
 def test_every_kernel_space_is_legal_and_holds_the_recipe(precision, march):
     jobs, _ = model_jobs(CFG, march, precision)
@@ -183,6 +184,7 @@ def test_a_tuned_library_differs_in_code_not_in_one_bit(tmp_path, monkeypatch, p
     assert np.array_equal(rows[True].view(np.uint32), rows[False].view(np.uint32))
 
 
+@pytest.mark.slow
 def test_a_schedule_measured_against_another_recipe_is_not_used():
     """A winner beat the recipe of its day: once the recipe has changed (or differs for this
     build, a 5-bit weight's), the measured schedule says nothing about it, so the recipe runs and
