@@ -142,7 +142,9 @@ def statements(body, dtypes: dict | None = None, vector=None) -> list[dict]:
     for s in body:
         if isinstance(s, Loop):
             inner = VectorC(s.lanes, s.body, dtypes) if s.lanes else vector
-            out.append({"kind": "loop", "var": s.var, "extent": c(s.extent), "body": statements(s.body, dtypes, inner),
+            # a chosen extent (schedule/unpack.py's two copies) in parentheses: it follows "<"
+            extent = c(s.extent, not isinstance(s.extent, Select))
+            out.append({"kind": "loop", "var": s.var, "extent": extent, "body": statements(s.body, dtypes, inner),
                         "parallel": s.parallel})
         elif isinstance(s, Prefetch):  # an address, the same in every lane
             out.append({"kind": "line", "text": f"nc_prefetch({address(s.param, s.index)});"})

@@ -7,15 +7,24 @@ multiplications. Unpack(param, at) rebuilds the bytes the dot products inside lo
 once, into a local array just before `at` (ir.UnpackBytes), and points those dot products at it:
 the column block's bytes (7 KiB for a 896-wide Q5_0 projection, 76 KiB for a Q6_K down
 projection's two vectors) stay in L1 or L2 while the row tiles read them. The bytes, and so every
-sum, are the same. The tail rows outside `at` keep reading the narrow storage."""
+sum, are the same. The tail rows outside `at` keep reading the narrow storage.
+
+Rebuilding once pays only for several tiles: a tile rebuilds its weights in registers for all its
+rows, so with one tile (a 2- or 3-row step, a speculative verify) the local array is a store and a
+load more per byte for nothing. So `at` runs in two copies: one over the local array when it has
+at least MIN_TILES trips, one over the narrow storage when it has fewer (each runs no trip when
+the other runs them all)."""
 from __future__ import annotations
 
 from ..loopir.affine import build, linear
-from ..loopir.ir import Dot, IConst, Kernel, Lane, Load, UnpackBytes, Var
+from ..loopir.ir import Bin, Dot, IConst, Kernel, Lane, Load, Select, UnpackBytes, Var
 from ..loopir.traverse import find_loop, free_vars, loops, replace, rewrite, walk
 from .directives import ScheduleError, Unpack
 
 MOST_BYTES = 256 * 1024  # a local array on the stack of every pool thread: a quarter of a 1 MiB L2
+# the fewest trips of `at` that rebuild into the local array: 2-row tiles of a 2-3 row step
+# rebuild in registers (bench.probes.small_steps, AVX2: UNPACK_NOTE)
+MIN_TILES = 2
 
 
 def unpack(k: Kernel, d: Unpack) -> tuple:
@@ -68,8 +77,21 @@ def unpack(k: Kernel, d: Unpack) -> tuple:
         inside = {a: c for a, c in terms.items() if a not in base}
         return Dot(n.acc, n.a, Load(local, build(inside, const - low)), n.width, n.b_offset, n.b_bits)
 
-    fill = UnpackBytes(local, d.param, build(base, low), count, dots[0].b_bits, at.extent)
-    return replace(k.body, at, (fill, rewrite(at, moved)))
+    trips = at.extent.b if _is_many_copy(at.extent) else at.extent
+    # filled when trips >= MIN_TILES: when trips - (MIN_TILES - 1) > 0
+    fill = UnpackBytes(local, d.param, build(base, low), count, dots[0].b_bits,
+                       Bin("-", trips, IConst(MIN_TILES - 1)) if MIN_TILES > 1 else trips)
+    if trips is not at.extent:  # a second weight of a loop an earlier Unpack already split
+        return replace(k.body, at, (fill, rewrite(at, moved)))
+    few_tiles = Bin("<", trips, IConst(MIN_TILES))
+    many, few = Select(few_tiles, IConst(0), trips), Select(few_tiles, trips, IConst(0))
+    unpacked = rewrite(at.with_children((many,) + at.body), moved)
+    return replace(k.body, at, (fill, unpacked, at.with_children((few,) + at.body)))
+
+
+def _is_many_copy(extent) -> bool:
+    return (isinstance(extent, Select) and isinstance(extent.cond, Bin) and extent.cond.op == "<"
+            and extent.cond.b == IConst(MIN_TILES) and extent.a == IConst(0) and extent.b == extent.cond.a)
 
 
 def _reads(dot: Dot, param: str) -> bool:
