@@ -1,4 +1,4 @@
-"""Fixtures and targets; the tiers (model, c, fast) are tests/tiers.py's.
+"""Fixtures and targets; the tiers (model, c, slow, fast) are tests/tiers.py's.
 
 Targets: every test marked `levels` (the code generator's C tests) runs at this CPU's level and,
 on an AVX-512 machine, again at the AVX2 level (NANOCOMPILE_MARCH=x86-64-v3), so what would fail
@@ -25,7 +25,7 @@ from tiers import REAL_FIXTURES  # noqa: E402
 
 from nanocompile.target import FORCE, cpu_flags, detect_march, level_flags  # noqa: E402
 
-pytest_plugins = ["tiers"]  # the model, c and fast tiers (tests/tiers.py)
+pytest_plugins = ["tiers"]  # the model, c, slow and fast tiers (tests/tiers.py)
 
 
 def pytest_addoption(parser):
