@@ -30,6 +30,11 @@ def machine() -> dict:
         for line in text.splitlines():
             if line.startswith("model name"):
                 info["cpu"] = line.split(":", 1)[1].strip()
+            # the generation, where the name says only "AMD EPYC" (family 23: Zen/Zen 2, 25: Zen 3/4)
+            if line.startswith("cpu family"):
+                info["cpu_family"] = int(line.split(":", 1)[1])
+            if line.startswith("model") and line.split(":", 1)[0].strip() == "model":
+                info["cpu_model"] = int(line.split(":", 1)[1])
             if line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())
                 info["isa"] = sorted(f for f in flags if f.startswith(("avx", "fma", "amx")))
