@@ -87,3 +87,10 @@ def test_the_cc_fixture_puts_a_test_in_the_c_tier(tmp_path):
     assert "test_fast_reaches_cmake" in fast and "test_slow_reaches_cmake" not in fast
     slow = pytest_on(case, "--collect-only", "-m", "slow").stdout
     assert "test_slow_reaches_cmake" in slow and "test_fast_reaches_cmake" not in slow
+
+
+def test_the_tier_timer_refuses_an_unknown_tier_naming_the_tiers():
+    r = subprocess.run([sys.executable, "-m", "bench.probes.tiers", "--tiers", "fast,quick"], capture_output=True,
+                       text=True, cwd=TESTS.parent, timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines()[-1].endswith("unknown tier 'quick': the tiers are fast, slow, c, model"), r.stderr

@@ -17,6 +17,15 @@ from bench.support.measure import append
 
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = re.compile(r"(\d+) passed(?:, (\d+) \w+)*.* in ([\d.]+)s")
+TIERS = ("fast", "slow", "c", "model")  # tests/tiers.py
+
+
+def tier_names(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",")]
+    unknown = [t for t in names if t not in TIERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown tier {', '.join(map(repr, unknown))}: the tiers are {', '.join(TIERS)}")
+    return names
 
 
 def run_tier(tier: str) -> dict:
@@ -34,10 +43,10 @@ def run_tier(tier: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tiers", default="fast,slow")
+    ap.add_argument("--tiers", type=tier_names, default="fast,slow")
     args = ap.parse_args()
     tiers = {}
-    for tier in args.tiers.split(","):
+    for tier in args.tiers:
         tiers[tier] = run_tier(tier)
         print(f"pytest -m {tier}: {tiers[tier]['passed']} passed in {tiers[tier]['pytest_s']:.1f} s "
               f"({tiers[tier]['wall_s']:.1f} s wall)")
