@@ -137,15 +137,19 @@ def test_a_client_that_disconnects_mid_stream_frees_the_server(real_server):
 
 # a tiny model served in this process ----------------------------------------------------------------
 
+def tiny_server(tiny_chat_model, wrap=None, **options) -> LiveServer:
+    """A LiveServer of the tiny model (interpreter), its session wrapped by wrap."""
+    session = InterpreterSession.from_weights(tiny_chat_model.config, tiny_chat_model.weights, n_ctx=256)
+    return LiveServer(create_app(Model.from_session(tiny_chat_model, wrap(session) if wrap else session), **options))
+
+
 @pytest.fixture()
 def serve_tiny(tiny_chat_model):
     """serve_tiny(wrap=..., **create_app options) -> a LiveServer of the tiny model (interpreter)."""
     servers = []
 
     def start(wrap=None, **options):
-        session = InterpreterSession.from_weights(tiny_chat_model.config, tiny_chat_model.weights, n_ctx=256)
-        model = Model.from_session(tiny_chat_model, wrap(session) if wrap else session)
-        servers.append(LiveServer(create_app(model, **options)))
+        servers.append(tiny_server(tiny_chat_model, wrap, **options))
         return servers[-1]
 
     yield start
@@ -157,8 +161,7 @@ def serve_tiny(tiny_chat_model):
 def refusing_server(tiny_chat_model):
     """One server for every bad-request case: a refused request queues nothing, so each case still
     sees no request done (and a server per case cost 0.4 s to start and stop)."""
-    session = InterpreterSession.from_weights(tiny_chat_model.config, tiny_chat_model.weights, n_ctx=256)
-    server = LiveServer(create_app(Model.from_session(tiny_chat_model, session)))
+    server = tiny_server(tiny_chat_model)
     yield server
     server.stop()
 

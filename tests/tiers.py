@@ -47,7 +47,7 @@ def _builds_nothing(item) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def fast_tier_compiles_nothing(request, monkeypatch, tmp_path_factory):
+def python_tiers_compile_nothing(request, monkeypatch, tmp_path_factory):
     if _builds_nothing(request.node):
         monkeypatch.setenv(NO_BUILD, "1")
         monkeypatch.setenv("NANOCOMPILE_CACHE", str(tmp_path_factory.mktemp("fast-cache")))
