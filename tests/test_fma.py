@@ -87,6 +87,13 @@ def test_the_interpreters_fmaf_is_cs_fmaf_also_at_ties():
     libm.fmaf.argtypes, libm.fmaf.restype = [ctypes.c_float] * 3, ctypes.c_float
     rng = np.random.default_rng(11)
     random = [rng.standard_normal(3000).astype(np.float32) * s for s in (1.0, 1e-3, 1e3)]
+    # sums in float32's subnormal range (the emulation's slow path) and at its overflow bound
+    edges = [rng.standard_normal(400).astype(np.float32) * s for s in (1e-22, 1e-21, 1e-44)]
+    top = np.finfo(np.float32).max
+    edges = [np.concatenate([e, np.array(x, np.float32)]) for e, x in
+             zip(edges, ([top, top, top, -top, 0.0], [1.0, 1.0, 1 + 2 ** -23, 1.0, 0.0],
+                         [2.0 ** 103, np.nextafter(np.float32(2.0 ** 103), np.float32(0)), 0.0, -2.0 ** 103, 0.0]))]
+    random = [np.concatenate([r, e]) for r, e in zip(random, edges)]
     ties = [(np.float32(sa * (1 + ka * 2.0 ** -23)), np.float32(1 + kb * 2.0 ** -23), np.float32(c))
             for ka in (2 ** 10, 2 ** 11, 3 * 2 ** 10) for kb in (2 ** 11, 2 ** 12, 3 * 2 ** 11)
             for c in (1e-30, -1e-30, 0.0, 1e-45, -1e-45) for sa in (1, -1)]
@@ -94,6 +101,8 @@ def test_the_interpreters_fmaf_is_cs_fmaf_also_at_ties():
     b = np.concatenate([random[1], np.array([t[1] for t in ties], np.float32)])
     c = np.concatenate([random[2], np.array([t[2] for t in ties], np.float32)])
     want = np.array([libm.fmaf(*x) for x in zip(a, b, c)], np.float32)
-    assert np.array_equal(fmaf(a, b, c).view(np.int32), want.view(np.int32))
-    double_rounded = (a.astype(np.float64) * b + c).astype(np.float32)
+    with np.errstate(over="ignore"):
+        assert np.array_equal(fmaf(a, b, c).view(np.int32), want.view(np.int32))
+        double_rounded = (a.astype(np.float64) * b + c).astype(np.float32)
+    assert (np.abs(want[3000:3405]) < np.finfo(np.float32).tiny).sum() > 100 and np.isinf(want).sum() >= 2
     assert not np.array_equal(double_rounded.view(np.int32), want.view(np.int32)), "the data has ties"

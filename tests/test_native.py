@@ -522,11 +522,11 @@ def test_real_native_against_llama_cpp_on_the_same_file(real_model, capsys):
     same Q8_0 activations of 32. What remains (the 24 K-format matrices, llama.cpp's float16 KV
     cache and its summation order) is the same for both. Greedy agreement is printed, not
     asserted: the remaining differences flip near ties."""
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-    from bench.support.peer import quiet_stderr
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    from bench.support.peer import open_llama, quiet_stderr
 
     with quiet_stderr():
-        llm = llama_cpp.Llama(model_path=str(real_model.source), n_ctx=256, n_threads=2, n_threads_batch=2,
+        llm = open_llama(real_model.source, n_ctx=256, n_threads=2, n_threads_batch=2,
                               logits_all=True, verbose=False)
     sessions = {p: open_session(real_model, "compiled", n_ctx=256, threads=2, precision=p) for p in ("native", "int8")}
     divergence = {p: [] for p in sessions}

@@ -18,8 +18,8 @@ from bench.support.measure import THREADS, append, summary
 
 LLAMA = """
 import sys
-from llama_cpp import Llama
-llm = Llama(model_path=sys.argv[1], n_ctx=4096, n_threads={threads}, n_threads_batch={threads}, verbose=False)
+from bench.support.peer import open_llama
+llm = open_llama(sys.argv[1], n_ctx=4096, n_threads={threads}, n_threads_batch={threads}, verbose=False)
 llm("x", max_tokens=1, temperature=0)
 """
 

@@ -46,18 +46,17 @@ def nanocompile_answers(spec: dict):
 
 
 def llama_answers(spec: dict):
-    from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    from bench.support.peer import quiet_stderr
+    from bench.support.peer import open_llama, quiet_stderr
 
     draft = LlamaPromptLookupDecoding(**spec.get("draft", {})) if spec["lookup"] else None
     with quiet_stderr():
         # logits_all with a draft: llama-cpp-python turns it on in the context for a draft model but
         # sizes its scores array by the argument, n_batch rows, which a longer context overruns
-        llm = Llama(model_path=spec["files"]["file"], n_ctx=spec["n_ctx"], n_threads=spec["threads"],
-                    n_threads_batch=spec["threads"], n_batch=512, n_ubatch=512, draft_model=draft,
-                    logits_all=draft is not None, verbose=False)
+        llm = open_llama(spec["files"]["file"], n_ctx=spec["n_ctx"], n_threads=spec["threads"],
+                         n_threads_batch=spec["threads"], n_batch=512, n_ubatch=512, draft_model=draft,
+                         logits_all=draft is not None, verbose=False)
     stops = set(spec["stop_ids"])
 
     def plain(prompt: list[int]):

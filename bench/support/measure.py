@@ -4,6 +4,7 @@ medians, minima and spreads (never the mean alone), exact sign tests, the one ti
 goes through, and bench/results.jsonl, where every run is appended."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -49,6 +50,9 @@ def machine() -> dict:
     info["numpy"] = numpy.__version__
     info["nanocompile"] = nanocompile.__file__
     info["march"] = detect_march()[0]  # the level nanocompile's libraries are built for here (NANOCOMPILE_MARCH)
+    if importlib.util.find_spec("llama_cpp") is not None:  # the peer's build, where it is installed
+        from bench.support.peer import llama_build
+        info["llama_cpp"] = llama_build()
     try:
         from threadpoolctl import threadpool_info  # optional: what BLAS really uses
         info["blas"] = [{"api": p.get("internal_api"), "threads": p.get("num_threads")} for p in threadpool_info()]

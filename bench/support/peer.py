@@ -31,6 +31,50 @@ def quiet_stderr():
             os.close(saved)
 
 
+@lru_cache(maxsize=None)
+def llama_has_amx() -> bool:
+    """Whether the installed llama.cpp was built with its AMX matrix products (a native build on
+    a CPU with AMX)."""
+    import llama_cpp
+
+    return b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
+
+
+def llama_build() -> dict:
+    """What the benchmarks record of the peer: its ggml features and whether its weights may sit in
+    ggml's extra buffer types (repacked rows, AMX tiles)."""
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    return {"llama_cpp_python": llama_cpp.__version__,
+            "features": sorted(f.split("=")[0].strip() for f in info.split("|") if f.strip().endswith("= 1")),
+            "extra_buffers": not llama_has_amx()}
+
+
+def open_llama(path, **kwargs):
+    """llama_cpp.Llama(model_path=path, **kwargs). Where the build has AMX, without ggml's extra
+    buffer types: its AMX matrix product segfaults on the first decode of every file here (Intel
+    Xeon with AMX, llama-cpp-python 0.3.36; llama.cpp issue 20824, closed unfixed), so the weights
+    stay in plain CPU buffers, which also turns off repacking. For benchmarks on such a CPU, build
+    llama-cpp-python without AMX (docs/results/README.md): then nothing is turned off."""
+    from llama_cpp import Llama, llama_cpp
+
+    if not llama_has_amx():
+        return Llama(model_path=str(path), **kwargs)
+    default = llama_cpp.llama_model_default_params
+
+    def without_extra_buffers():
+        params = default()
+        params.use_extra_bufts = False
+        return params
+
+    llama_cpp.llama_model_default_params = without_extra_buffers  # Llama() takes no such argument
+    try:
+        return Llama(model_path=str(path), **kwargs)
+    finally:
+        llama_cpp.llama_model_default_params = default
+
+
 def requantized(source: Path, precision: str, directory: Path) -> Path:
     """source written as an F32 or Q8_0 GGUF by llama.cpp (llama_model_quantize with
     allow_requantize), kept in directory for the next call."""
@@ -60,11 +104,9 @@ class LlamaCpp:
     last id's logits (a view of llama.cpp's row, valid until the next step)."""
 
     def __init__(self, path: Path, n_ctx: int, threads: int, logits_all: bool = False):
-        from llama_cpp import Llama
-
         with quiet_stderr():
-            self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                             n_batch=512, n_ubatch=512, logits_all=logits_all, verbose=False)
+            self.llm = open_llama(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                                  n_batch=512, n_ubatch=512, logits_all=logits_all, verbose=False)
 
     def reset(self) -> None:
         self.llm.reset()  # the next eval drops the cached rows past n_tokens

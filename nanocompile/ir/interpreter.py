@@ -87,14 +87,13 @@ def sequential_sum(x: np.ndarray, axis: int) -> np.ndarray:
     return np.take(total, [x.shape[axis]], axis=axis)
 
 
-def fmaf(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """C's fmaf elementwise, exactly: a * b + c rounded once to float32. The product of two
-    floats is exact in float64; the sum is rounded to odd in float64 (round to nearest, then,
-    if that was inexact and gave an even last bit, the neighbour on the other side of the exact
-    value), and a value rounded to odd with 29 more bits rounds to float32 as the exact one
-    would (Boldo and Melquiond, "Emulation of FMA and correctly rounded sums", 2008)."""
+def _fmaf_by_rounding_to_odd(p: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """p + c (p an exact float64 product, c float32) rounded once to float32: the float64 sum
+    rounded to odd (round to nearest, then, if that was inexact and gave an even last bit, the
+    neighbour on the other side of the exact value), and a value rounded to odd with 29 more bits
+    rounds to float32 as the exact one would (Boldo and Melquiond, "Emulation of FMA and correctly
+    rounded sums", 2008)."""
     with np.errstate(over="ignore", invalid="ignore"):  # inf and nan pass through as fmaf's do
-        p = a.astype(np.float64) * b.astype(np.float64)
         c = np.broadcast_to(c, p.shape).astype(np.float64)
         s = p + c
         v = s - p  # TwoSum: s + e == p + c exactly
@@ -107,13 +106,67 @@ def fmaf(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
         return odd.astype(np.float32)
 
 
+_LOW29 = np.int64((1 << 29) - 1)           # the float64 mantissa bits below float32's
+_HALF32 = np.int64(1 << 28)                # ... that make a float64 halfway between two float32s
+_MAGNITUDE = np.int64((1 << 63) - 1)
+_NORMAL32 = np.uint64((1023 - 126) << 52)  # the bits of 2**-126, float32's smallest normal
+
+
+class _RoundOnce:
+    """out = p + out rounded once to float32, for float64 products p of one shape, in place. The
+    product of two floats is exact in float64, and rounding its float64 sum s to float32 is
+    already the single rounding unless a float32 rounding boundary lies at s (s halfway between
+    two float32s, or in float32's subnormal range, where the halfway points have other bits):
+    those rare elements are redone by rounding to odd. Elsewhere a boundary strictly between s
+    and the exact sum would be a float64 nearer the exact sum than s. The buffers are kept
+    because a matmul calls this once per k, on arrays of its whole output."""
+
+    def __init__(self, shape):
+        self.s = np.empty(shape, np.float64)
+        self.bits = np.empty(shape, np.int64)
+        self.at_boundary = np.empty(shape, np.bool_)
+        self.subnormal = np.empty(shape, np.bool_)
+
+    def __call__(self, p: np.ndarray, out: np.ndarray) -> None:
+        """(under np.errstate(over="ignore", invalid="ignore"): inf and nan pass through as fmaf's do)"""
+        np.add(p, out, out=self.s)
+        bits = self.s.view(np.int64)
+        np.equal(np.bitwise_and(bits, _LOW29, out=self.bits), _HALF32, out=self.at_boundary)
+        np.bitwise_and(bits, _MAGNITUDE, out=self.bits)
+        self.bits -= 1  # zero wraps around: it is exact
+        np.less(self.bits.view(np.uint64), _NORMAL32 - np.uint64(1), out=self.subnormal)
+        self.at_boundary |= self.subnormal
+        where = np.nonzero(self.at_boundary) if self.at_boundary.any() else None
+        redone = _fmaf_by_rounding_to_odd(p[where], out[where]) if where is not None else None
+        out[...] = self.s
+        if where is not None:
+            out[where] = redone
+
+
+def fmaf(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """C's fmaf elementwise, exactly: a * b + c rounded once to float32."""
+    p = a.astype(np.float64) * b.astype(np.float64)
+    out = np.array(np.broadcast_to(c, p.shape), np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        _RoundOnce(p.shape)(p, out)
+    return out
+
+
 def sequential_matmul(a: np.ndarray, b: np.ndarray, fused: bool = False) -> np.ndarray:
     """a @ b with each output's products added from 0.0 in k order: each product and sum
     rounded on its own, or (fused) each step one fused multiply-add."""
-    out = np.zeros(np.broadcast_shapes(a.shape[:-1], b.shape[:-2] + (1,)) + b.shape[-1:], np.float32)
-    for k in range(a.shape[-1]):
-        x, w = a[..., :, k:k + 1], b[..., k:k + 1, :]
-        out = fmaf(x, w, out) if fused else out + x * w
+    shape = np.broadcast_shapes(a.shape[:-1], b.shape[:-2] + (1,)) + b.shape[-1:]
+    out = np.zeros(shape, np.float32)
+    if not fused:
+        for k in range(a.shape[-1]):
+            out = out + a[..., :, k:k + 1] * b[..., k:k + 1, :]
+        return out
+    a64 = a.astype(np.float64)
+    p, add_rounded_once = np.empty(shape, np.float64), _RoundOnce(shape)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for k in range(a.shape[-1]):
+            np.multiply(a64[..., :, k:k + 1], b[..., k:k + 1, :], out=p, dtype=np.float64)
+            add_rounded_once(p, out)
     return out
 
 
