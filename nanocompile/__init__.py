@@ -16,19 +16,21 @@ _API = {
     "Model": "api", "load": "api",
     "Completion": "results", "CompletionChunk": "results", "ChatCompletion": "results",
     "ChatCompletionChunk": "results", "ChatMessage": "results", "Usage": "results", "Timings": "results",
+    "TokenLogprob": "results",
     "NanocompileError": "errors", "ModelError": "errors", "InputError": "errors", "ContextFullError": "errors",
     "NonFiniteLogitsError": "errors", "LookupParams": "engine.lookup", "SamplingParams": "engine.sampling",
 }
 __all__ = ["ChatCompletion", "ChatCompletionChunk", "ChatMessage", "Completion", "CompletionChunk", "ContextFullError",
            "InputError", "LookupParams", "Model", "ModelError", "NanocompileError", "NonFiniteLogitsError",
-           "SamplingParams", "Timings", "Usage", "load", "__version__"]
+           "SamplingParams", "Timings", "TokenLogprob", "Usage", "load", "__version__"]
 
 if TYPE_CHECKING:
     from .api import Model, load
     from .engine.lookup import LookupParams
     from .engine.sampling import SamplingParams
     from .errors import ContextFullError, InputError, ModelError, NanocompileError, NonFiniteLogitsError
-    from .results import ChatCompletion, ChatCompletionChunk, ChatMessage, Completion, CompletionChunk, Timings, Usage
+    from .results import (ChatCompletion, ChatCompletionChunk, ChatMessage, Completion, CompletionChunk, Timings,
+                          TokenLogprob, Usage)
 
 
 def __getattr__(name: str):

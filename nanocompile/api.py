@@ -19,6 +19,7 @@ from typing import Callable, Iterator, Literal, Mapping, Sequence, overload
 import numpy as np
 
 from .engine.checks import check_n_ctx, check_precision, check_tokens
+from .engine.logprobs import Scored, check_top
 from .engine.lookup import LookupParams
 from .engine.sampling import Sampler, SamplingParams
 from .engine.stream import GenerationResult, stream
@@ -204,7 +205,7 @@ class Model:
                           presence_penalty: float = ..., stop: str | Sequence[str] | None = ...,
                           stop_token_ids: Sequence[int] = ..., seed: int | None = ...,
                           stream: Literal[False] = ..., should_stop: Callable[[], bool] | None = ...,
-                          lookup: "bool | LookupParams | None" = ...) -> Completion: ...
+                          lookup: "bool | LookupParams | None" = ..., logprobs: int | None = ...) -> Completion: ...
 
     @overload
     def create_completion(self, prompt: str | Sequence[int], suffix: str | None = ..., max_tokens: int | None = ...,
@@ -213,20 +214,24 @@ class Model:
                           presence_penalty: float = ..., stop: str | Sequence[str] | None = ...,
                           stop_token_ids: Sequence[int] = ..., seed: int | None = ...,
                           stream: Literal[True] = ..., should_stop: Callable[[], bool] | None = ...,
-                          lookup: "bool | LookupParams | None" = ...) -> Iterator[CompletionChunk]: ...
+                          lookup: "bool | LookupParams | None" = ..., logprobs: int | None = ...
+                          ) -> Iterator[CompletionChunk]: ...
 
     def create_completion(self, prompt, suffix=None, max_tokens=16, temperature=0.8, top_p=0.95, top_k=40,
                           min_p=0.05, repeat_penalty=1.0, repeat_last_n=64, frequency_penalty=0.0,
                           presence_penalty=0.0, stop=None, stop_token_ids=(), seed=None, stream=False,
-                          should_stop=None, lookup=None):
+                          should_stop=None, lookup=None, logprobs=None):
         """Continues prompt (text, or token ids); with suffix, fills in the middle between prompt
         and suffix. max_tokens None: until end of text or a full context. stop: strings that end
         the text (left out of it). seed: this call's own; None continues the model's generator.
         should_stop() is asked between prompt chunks and between tokens. stream: an iterator of
         CompletionChunk, else one Completion. lookup: prompt-lookup drafting for this call (True,
-        False or a LookupParams; None: the model's default), the same tokens either way."""
+        False or a LookupParams; None: the model's default), the same tokens either way.
+        logprobs: each token's log-probability and that many of the most likely tokens beside it
+        (0 to 20; engine/logprobs.py), in .logprobs; None: none."""
         params = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, frequency_penalty,
                            presence_penalty, seed)
+        top = None if logprobs is None else check_top(logprobs, "logprobs")
         stop_token_ids = list(stop_token_ids)
         if suffix is not None:
             if not isinstance(prompt, str):
@@ -237,7 +242,7 @@ class Model:
             ids = self.tokenize(prompt)
         else:
             ids = list(prompt)
-        chunks = self._run(ids, max_tokens, params, seed, _stops(stop), stop_token_ids, should_stop, lookup)
+        chunks = self._run(ids, max_tokens, params, seed, _stops(stop), stop_token_ids, should_stop, lookup, top=top)
         if stream:
             return _Stream(self, chunks)
         return _collect(_Stream(self, chunks))
@@ -251,7 +256,8 @@ class Model:
                                presence_penalty: float = ..., stop: str | Sequence[str] | None = ...,
                                seed: int | None = ..., stream: Literal[False] = ...,
                                should_stop: Callable[[], bool] | None = ...,
-                               lookup: "bool | LookupParams | None" = ...) -> ChatCompletion: ...
+                               lookup: "bool | LookupParams | None" = ..., logprobs: bool = ...,
+                               top_logprobs: int | None = ...) -> ChatCompletion: ...
 
     @overload
     def create_chat_completion(self, messages: Sequence[Message], max_tokens: int | None = ...,
@@ -260,18 +266,26 @@ class Model:
                                presence_penalty: float = ..., stop: str | Sequence[str] | None = ...,
                                seed: int | None = ..., stream: Literal[True] = ...,
                                should_stop: Callable[[], bool] | None = ...,
-                               lookup: "bool | LookupParams | None" = ...) -> Iterator[ChatCompletionChunk]: ...
+                               lookup: "bool | LookupParams | None" = ..., logprobs: bool = ...,
+                               top_logprobs: int | None = ...) -> Iterator[ChatCompletionChunk]: ...
 
     def create_chat_completion(self, messages, max_tokens=None, temperature=0.2, top_p=0.95, top_k=40, min_p=0.05,
                                repeat_penalty=1.0, repeat_last_n=64, frequency_penalty=0.0, presence_penalty=0.0,
-                               stop=None, seed=None, stream=False, should_stop=None, lookup=None):
+                               stop=None, seed=None, stream=False, should_stop=None, lookup=None, logprobs=False,
+                               top_logprobs=None):
         """The assistant's answer to messages ([{"role": "user", "content": "..."}, ...]) in the
         model's chat template. The defaults are llama-cpp-python's; the rest as create_completion.
-        The KV cache keeps the conversation: the next turn feeds only what is new."""
+        The KV cache keeps the conversation: the next turn feeds only what is new. logprobs,
+        top_logprobs: OpenAI's (top_logprobs, 0 to 20, needs logprobs)."""
         params = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, frequency_penalty,
                            presence_penalty, seed)
+        if not isinstance(logprobs, bool):
+            raise InputError(f"logprobs must be True or False, got {logprobs!r}")
+        if top_logprobs is not None and not logprobs:
+            raise InputError("top_logprobs needs logprobs=True")
+        top = (0 if top_logprobs is None else check_top(top_logprobs, "top_logprobs")) if logprobs else None
         chunks = self._run(self.chat_prompt(messages), max_tokens, params, seed, _stops(stop), (), should_stop,
-                           lookup)
+                           lookup, top=top)
         answer = _as_chat(chunks)
         if stream:
             return _Stream(self, answer)
@@ -279,8 +293,8 @@ class Model:
 
     # the loop ---------------------------------------------------------------------------------
     def _run(self, prompt_ids: list[int], max_tokens: int | None, params: SamplingParams, seed: int | None,
-             stops: list[str], stop_token_ids: Sequence[int], should_stop, lookup=None, text: bool = True
-             ) -> Iterator[CompletionChunk]:
+             stops: list[str], stop_token_ids: Sequence[int], should_stop, lookup=None, text: bool = True,
+             top: int | None = None) -> Iterator[CompletionChunk]:
         """Checks what it is given now, and returns the generation (which touches the KV cache
         only when it is first iterated)."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, type(None))):
@@ -293,32 +307,34 @@ class Model:
         stop_ids = set(self.eos_token_ids) | {int(t) for t in stop_token_ids}
         drafting = self.lookup if lookup is None else _lookup(lookup)
         return self._chunks(ids, -1 if max_tokens is None else max_tokens, params, seed, stops, stop_ids, should_stop,
-                            self.tokenizer if text else None, drafting)
+                            self.tokenizer if text else None, drafting, top)
 
     def _chunks(self, ids: list[int], max_tokens: int, params: SamplingParams, seed: int | None, stops: list[str],
-                stop_ids: set[int], should_stop, tok, lookup: LookupParams | None = None
+                stop_ids: set[int], should_stop, tok, lookup: LookupParams | None = None, top: int | None = None
                 ) -> Iterator[CompletionChunk]:
         """One CompletionChunk per token chosen (its text may be empty while a character or a
         possible stop sequence is incomplete), then a last one with the rest of the text, why it
-        stopped, usage and timings."""
+        stopped, usage and timings. top: with each token its log-probability and top alternatives."""
         sampler = Sampler(params, rng=None if seed is not None else self._rng)
         sampler.accept(ids)
+        scored = Scored(sampler, top) if top is not None else None
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         result = GenerationResult(0)
         bar = _PromptBar(result, getattr(self.session, "max_chunk", 0), self.progress)
-        pieces = stream(self.session, ids, max_tokens, choose=sampler, stop_ids=stop_ids, stops=stops, tokenizer=tok,
+        pieces = stream(self.session, ids, max_tokens, choose=scored or sampler, stop_ids=stop_ids, stops=stops, tokenizer=tok,
                         reuse_cache=True, should_stop=should_stop, on_prompt_chunk=bar.update, result=result,
                         lookup=lookup)
         try:
             for piece in pieces:
                 bar.close()
+                logprobs = scored.take() if scored is not None else None
                 if piece.result is None:
-                    yield CompletionChunk(cid, created, self.name, piece.text, piece.tokens)
+                    yield CompletionChunk(cid, created, self.name, piece.text, piece.tokens, logprobs=logprobs)
                     continue
                 self.timings = result.timings
                 usage = Usage(len(ids), len(result.tokens), len(ids) + len(result.tokens))
                 yield CompletionChunk(cid, created, self.name, piece.text, [], stop_reason=result.stop_reason,
-                                      usage=usage, timings=self.timings)
+                                      usage=usage, timings=self.timings, logprobs=logprobs)
         except NonFiniteLogitsError as e:  # weights or a configuration out of float32's range
             raise NonFiniteLogitsError(f"{e} (model {self.loaded.source})") from None
         finally:
@@ -479,23 +495,29 @@ def _as_chat(chunks: Iterator[CompletionChunk]) -> Iterator[ChatCompletionChunk]
     try:
         for c in chunks:
             yield ChatCompletionChunk(c.id.replace("cmpl-", "chatcmpl-", 1), c.created, c.model, c.text, c.tokens,
-                                      c.stop_reason, c.usage, c.timings)
+                                      c.stop_reason, c.usage, c.timings, c.logprobs)
     finally:
         chunks.close()
 
 
 def _collect(chunks: Iterator[CompletionChunk]) -> Completion:
-    text, tokens = [], []
+    text, tokens, logprobs = [], [], None
     for c in chunks:
         text.append(c.text)
         tokens += c.tokens
-    return Completion(c.id, c.created, c.model, "".join(text), tokens, c.stop_reason, c.usage, c.timings)
+        if c.logprobs is not None:
+            logprobs = [] if logprobs is None else logprobs
+            logprobs += c.logprobs
+    return Completion(c.id, c.created, c.model, "".join(text), tokens, c.stop_reason, c.usage, c.timings, logprobs)
 
 
 def _collect_chat(chunks: Iterator[ChatCompletionChunk]) -> ChatCompletion:
-    text, tokens = [], []
+    text, tokens, logprobs = [], [], None
     for c in chunks:
         text.append(c.content)
         tokens += c.tokens
+        if c.logprobs is not None:
+            logprobs = [] if logprobs is None else logprobs
+            logprobs += c.logprobs
     return ChatCompletion(c.id, c.created, c.model, ChatMessage("assistant", "".join(text)), tokens, c.stop_reason,
-                          c.usage, c.timings)
+                          c.usage, c.timings, logprobs)

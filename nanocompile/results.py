@@ -46,6 +46,15 @@ class Timings:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A chosen token's log-probability in the model's distribution at its step, and the most
+    likely tokens there (as many as asked for, most likely first)."""
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Completion:
     id: str
     created: int             # Unix time
@@ -55,6 +64,7 @@ class Completion:
     stop_reason: str         # "eos", "stop" (a stop sequence), "length", "context" (full), "interrupted"
     usage: Usage
     timings: Timings
+    logprobs: list[TokenLogprob] | None = None  # one per token, when asked for
 
     @property
     def finish_reason(self) -> str:
@@ -74,6 +84,7 @@ class CompletionChunk:
     stop_reason: str | None = None
     usage: Usage | None = None
     timings: Timings | None = None
+    logprobs: list[TokenLogprob] | None = None  # of this chunk's tokens, when asked for
 
     @property
     def finish_reason(self) -> str | None:
@@ -96,6 +107,7 @@ class ChatCompletion:
     stop_reason: str
     usage: Usage
     timings: Timings
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def finish_reason(self) -> str:
@@ -113,6 +125,7 @@ class ChatCompletionChunk:
     stop_reason: str | None = None
     usage: Usage | None = None
     timings: Timings | None = None
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def finish_reason(self) -> str | None:

@@ -103,6 +103,32 @@ def test_same_seed_same_tokens_and_the_models_generator_continues(tiny_chat_mode
     assert own[0] == own[1] == b.create_completion("abc", seed=3, **sampled).tokens
 
 
+def test_logprobs_are_the_log_softmax_of_the_logits_the_sampler_was_given(tiny):
+    """Each chosen token's log-probability and its top alternatives, against the session's logits
+    fed the same tokens (eval), sampled and greedy, whole and streamed."""
+    ids = tiny.tokenize("hello there")
+    sampled = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=5, max_tokens=10)
+    got = tiny.create_completion(ids, logprobs=3, **sampled)
+    assert len(got.logprobs) == len(got.tokens) == 10
+    tiny.reset()
+    rows = [tiny.eval(ids)] + [tiny.eval([t]) for t in got.tokens[:-1]]  # as the loop fed them
+    for lp, row, token in zip(got.logprobs, rows, got.tokens):
+        want = row.astype(np.float64) - row.max() - np.log(np.exp(row.astype(np.float64) - row.max()).sum())
+        assert lp.token == token and abs(lp.logprob - want[token]) < 1e-9
+        assert [t for t, _ in lp.top] == list(np.argsort(-want, kind="stable")[:3])
+        assert all(abs(v - want[t]) < 1e-9 for t, v in lp.top)
+    tiny.reset()  # the interpreter's rows round by the rows of their step: the prompt fed whole again
+    streamed = [x for c in tiny.create_completion(ids, logprobs=3, stream=True, **sampled) for x in c.logprobs]
+    assert streamed == got.logprobs  # the same seed: the same tokens, the same numbers
+    assert tiny.create_completion(ids, max_tokens=4, **GREEDY).logprobs is None  # not asked for
+    greedy = tiny.create_completion(ids, max_tokens=4, logprobs=0, **GREEDY).logprobs
+    assert all(lp.top == () and lp.logprob <= 0 for lp in greedy)
+    chat = tiny.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=4, logprobs=True,
+                                       top_logprobs=2, **GREEDY)
+    assert len(chat.logprobs) == len(chat.tokens) and all(len(lp.top) == 2 for lp in chat.logprobs)
+    assert all(lp.top[0][0] == lp.token for lp in chat.logprobs)  # greedy chooses the most likely
+
+
 def test_a_prompt_that_extends_the_cache_feeds_only_the_rest(tiny):
     first = tiny.create_completion("hello there", max_tokens=5, **GREEDY)
     cached = tiny.input_ids
@@ -267,6 +293,12 @@ def test_tokenize_and_detokenize(tiny, real_model, real_compiled):
     (lambda m: m.create_completion("x", max_tokens=2.5), InputError, "max_tokens must be an integer"),
     (lambda m: m.create_completion("x", stop=[3]), InputError, "stop must be a string or a list of strings"),
     (lambda m: m.create_completion("x", suffix="y"), InputError, "has no fill-in-the-middle tokens"),
+    (lambda m: m.create_completion("x", logprobs=21), InputError, "logprobs must be an integer from 0 to 20"),
+    (lambda m: m.create_completion("x", logprobs=True), InputError, "logprobs must be an integer from 0 to 20"),
+    (lambda m: m.create_chat_completion([{"role": "user", "content": "x"}], top_logprobs=2), InputError,
+     "top_logprobs needs logprobs=True"),
+    (lambda m: m.create_chat_completion([{"role": "user", "content": "x"}], logprobs=True, top_logprobs=-1),
+     InputError, "top_logprobs must be an integer from 0 to 20"),
     (lambda m: m.create_chat_completion([]), InputError, "no messages"),
     (lambda m: m.create_chat_completion([{"role": "user"}]), InputError, "message 0 must have a role and a content"),
 ])

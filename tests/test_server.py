@@ -90,6 +90,25 @@ def test_openai_completions_and_fill_in_the_middle(real_server, reference):
     assert got.usage.prompt_tokens == len(reference.fim_prompt(prefix, suffix))
 
 
+def test_openai_logprobs_and_several_choices(real_server, reference):
+    """The openai client reads the server's log-probabilities in both shapes; they are the Python
+    API's numbers (the same library: the same logits bit for bit); greedy choices are alike."""
+    c = client(real_server)
+    messages = [{"role": "user", "content": "Name a sorting algorithm."}]
+    want = reference.create_chat_completion(messages, max_tokens=6, logprobs=True, top_logprobs=3, **GREEDY)
+    got = c.chat.completions.create(model="x", messages=messages, max_tokens=6, logprobs=True, top_logprobs=3, n=2,
+                                    **GREEDY)
+    assert [ch.message.content for ch in got.choices] == [want.message.content] * 2
+    content = got.choices[1].logprobs.content
+    assert [e.logprob for e in content] == [lp.logprob for lp in want.logprobs]
+    assert [[t.logprob for t in e.top_logprobs] for e in content] == [[v for _, v in lp.top] for lp in want.logprobs]
+    assert content[0].token == reference.tokenizer.token_bytes(want.tokens[0]).decode()
+    text = reference.create_completion("def add(a, b):", max_tokens=5, logprobs=2, **GREEDY)
+    legacy = c.completions.create(model="x", prompt="def add(a, b):", max_tokens=5, logprobs=2, **GREEDY)
+    assert legacy.choices[0].logprobs.token_logprobs == [lp.logprob for lp in text.logprobs]
+    assert "".join(legacy.choices[0].logprobs.tokens) == text.text
+
+
 def test_stop_sequences_seed_and_models(real_server):
     c = client(real_server)
     sampled = dict(model="x", prompt="import", max_tokens=8, temperature=1.0, top_p=1.0)
@@ -183,7 +202,16 @@ def post(server, path, body, **kw):
     ("/v1/completions", {"prompt": "x", "temperature": 3}, "temperature: Input should be less than or equal to 2"),
     ("/v1/completions", {"prompt": "x", "top_k": 1.5}, "top_k: Input should be a valid integer"),
     ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream: Input should be a valid boolean"),
-    ("/v1/completions", {"prompt": "x", "n": 3}, "n: Input should be less than or equal to 1"),
+    ("/v1/completions", {"prompt": "x", "n": 9}, "n: Input should be less than or equal to 8"),
+    ("/v1/completions", {"prompt": "x", "n": 0}, "n: Input should be greater than or equal to 1"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs: Input should be less than or equal to 20"),
+    ("/v1/completions", {"prompt": "x", "logprobs": True}, "logprobs: Input should be a valid integer"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3},
+     "top_logprobs needs logprobs: true"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": -1},
+     "top_logprobs: Input should be greater than or equal to 0"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": 2},
+     "logprobs: Input should be a valid boolean"),
     ("/v1/completions", {"prompt": "x", "echo": True}, "echo is not supported"),
     ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
     ("/v1/completions", {"prompt": [1, 999]}, "token id 999 at position 1 is outside the vocabulary"),
@@ -224,6 +252,54 @@ def test_extreme_sampling_values_are_answered_not_a_500(serve_tiny, path, body):
     if "temperature" in body:  # so small a temperature is greedy
         assert r.json()["choices"][0]["text"] == post(server, path, {**body, **GREEDY}).json()["choices"][0]["text"]
     assert server.health()["requests"]["failed"] == 0
+
+
+def test_several_choices_each_with_its_seed_and_their_log_probabilities(serve_tiny, tiny_chat_model):
+    """n choices: choice i is the Python API's answer with seed + i; logprobs in each endpoint's
+    shape, the numbers the API gives; streamed, each choice's chunks carry its index and add up
+    to the whole answer; usage counts the prompt once."""
+    server = serve_tiny()
+    reference = Model.from_session(tiny_chat_model, InterpreterSession.from_weights(
+        tiny_chat_model.config, tiny_chat_model.weights, n_ctx=256))
+    sampled = {"max_tokens": 6, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    body = {"prompt": "hello", "n": 3, "seed": 40, "logprobs": 2, **sampled}
+    got = post(server, "/v1/completions", body).json()
+    want = []
+    for i in range(3):
+        reference.reset()  # each alone, as from an empty cache (the interpreter rounds by the step's rows)
+        want.append(reference.create_completion("hello", seed=40 + i, logprobs=2, **sampled))
+    assert [c["index"] for c in got["choices"]] == [0, 1, 2]
+    assert [c["text"] for c in got["choices"]] == [w.text for w in want]
+    assert len({c["text"] for c in got["choices"]}) > 1  # three seeds, not one answer three times
+    for c, w in zip(got["choices"], want):
+        lp = c["logprobs"]
+        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(w.tokens)
+        assert all(abs(a - b.logprob) < 1e-6 for a, b in zip(lp["token_logprobs"], w.logprobs))
+        assert all(len(top) <= 2 for top in lp["top_logprobs"]) and lp["text_offset"][0] == 0
+    assert got["usage"]["prompt_tokens"] == want[0].usage.prompt_tokens
+    assert got["usage"]["completion_tokens"] == sum(w.usage.completion_tokens for w in want)
+
+    chat = {"messages": [{"role": "user", "content": "hi"}], "n": 2, "seed": 8, "logprobs": True, "top_logprobs": 3,
+            **sampled}
+    whole = post(server, "/v1/chat/completions", chat).json()
+    for c in whole["choices"]:
+        content = c["logprobs"]["content"]
+        assert content and all(len(e["top_logprobs"]) == 3 and e["logprob"] <= 0 for e in content)
+        assert all(bytes(e["bytes"]).decode("utf-8", "replace") == e["token"] for e in content)
+    events = []
+    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=60,
+                      json={**chat, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    for c in whole["choices"]:
+        mine = [e["choices"][0] for e in events if e["choices"] and e["choices"][0]["index"] == c["index"]]
+        assert mine[0]["delta"]["role"] == "assistant" and mine[-1]["finish_reason"] == c["finish_reason"]
+        assert "".join(m["delta"].get("content") or "" for m in mine) == c["message"]["content"]
+        streamed = [x for m in mine if m["logprobs"] for x in m["logprobs"]["content"]]
+        # the same tokens; the numbers within the interpreter's rounding of a step by its rows (the
+        # cache holds the whole answer's conversation, so the prompt's last token is fed alone)
+        assert [e["token"] for e in streamed] == [e["token"] for e in c["logprobs"]["content"]]
+        assert all(abs(a["logprob"] - b["logprob"]) < 1e-5 for a, b in zip(streamed, c["logprobs"]["content"]))
+    assert events[-1]["choices"] == [] and events[-1]["usage"] == whole["usage"]
 
 
 def test_unknown_fields_are_ignored_and_known_ones_still_apply(serve_tiny):

@@ -190,8 +190,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                 return model.fim_prompt(prompt, body.suffix), model.fim_stop_token_ids()
             return (model.tokenize(prompt) if isinstance(prompt, str) else prompt), []
 
-        return await answer(request, body, prompt_ids, body.max_tokens, fmt.completion_body,
-                            lambda c, first, usage: fmt.completion_events(c, usage))
+        return await answer(request, body, prompt_ids, body.max_tokens, fmt.completion_body, fmt.completion_events)
 
     @app.post("/v1/chat/completions", responses=responses(schemas.ChatCompletion, 400, *key_errors, 413, 500, 503,
                                                           stream=True))
@@ -199,11 +198,17 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         def prompt_ids() -> tuple[list[int], list[int]]:
             return model.chat_prompt([m.as_dict() for m in body.messages]), []
 
-        return await answer(request, body, prompt_ids, body.token_limit(), fmt.chat_body, fmt.chat_events)
+        return await answer(request, body, prompt_ids, body.token_limit(), fmt.chat_body, fmt.chat_events,
+                            chat=True)
 
-    async def answer(request: Request, body: Sampling, prompt_ids: Callable, max_tokens: int | None,
-                     whole: Callable, events: Callable) -> Response:
-        """Checks, tokenizes and queues a request; answers with one JSON body or a stream."""
+    def piece(token: int) -> bytes:
+        return model.tokenizer.token_bytes(token)
+
+    async def answer(request: Request, body: CompletionRequest | ChatRequest, prompt_ids: Callable,
+                     max_tokens: int | None, whole: Callable, events: Callable, chat: bool = False) -> Response:
+        """Checks, tokenizes and queues a request; answers with one JSON body or a stream. n
+        choices run one after another (the later ones find the prompt in the cache), choice i
+        with seed + i where the request has a seed."""
         if (problem := body.unsupported()) is not None:
             return error_response(400, problem)
         try:
@@ -221,9 +226,16 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                                   else None)
 
         def work(should_stop):
-            result = model.create_completion(ids, max_tokens=max_tokens, stop_token_ids=stop_token_ids,
-                                             stream=body.stream, should_stop=should_stop, **kwargs)
-            return result if body.stream else [result]
+            for index in range(body.n):
+                seed = kwargs.get("seed")
+                choice = {**kwargs, **({"seed": (seed + index) % 2 ** 64} if seed is not None else {})}
+                result = model.create_completion(ids, max_tokens=max_tokens, stop_token_ids=stop_token_ids,
+                                                 stream=body.stream, should_stop=should_stop, logprobs=body.top(),
+                                                 **choice)
+                for item in result if body.stream else [result]:
+                    yield fmt.Choice(index, item)
+                if should_stop():
+                    return
 
         try:
             job = engine.submit(work)
@@ -234,11 +246,11 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
             return error_response(503, "the server is shutting down", "server_error")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         if body.stream:
-            return EventStream(sse(job, events, include_usage))
+            return EventStream(sse(job, events, include_usage, chat))
         return await whole_answer(job, request, whole)
 
     async def whole_answer(job: Job, request: Request, whole: Callable) -> Response:
-        result = asyncio.ensure_future(_first(job))
+        result = asyncio.ensure_future(_all(job))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -250,19 +262,21 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         if not result.done() or result.cancelled():
             return Response(status_code=499)  # nobody is listening
         try:
-            return JSONResponse(whole(result.result()))
+            return JSONResponse(whole([choice.item for choice in result.result()], piece))
         except ShuttingDown:
             return error_response(503, "the server is shutting down", "server_error")
         except NanocompileError as e:
             return error_response(500, str(e), "server_error")
 
-    async def sse(job: Job, events: Callable, include_usage: bool) -> AsyncIterator[str]:
-        first = True
+    async def sse(job: Job, events: Callable, include_usage: bool, chat: bool) -> AsyncIterator[str]:
+        state, last = fmt.StreamState(), None
         try:
-            async for chunk in job:
-                for event in events(chunk, first, include_usage):
+            async for choice in job:
+                for event in events(choice, state, piece):
                     yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
-                first = False
+                last = choice.item
+            if include_usage and last is not None and state.usages:
+                yield f"data: {json.dumps(state.usage_event(fmt.usage_head(last, chat)), ensure_ascii=False)}\n\n"
             yield "data: [DONE]\n\n"
         except ShuttingDown:
             yield _error_event("the server is shutting down")
@@ -283,10 +297,11 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
     return app
 
 
-async def _first(job: Job):
-    async for item in job:
-        return item
-    raise ShuttingDown()
+async def _all(job: Job) -> list:
+    items = [item async for item in job]
+    if not items:
+        raise ShuttingDown()
+    return items
 
 
 async def _disconnected(request: Request) -> None:

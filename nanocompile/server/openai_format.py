@@ -1,13 +1,37 @@
-"""The API's results as OpenAI's JSON: completions, chat completions and their stream chunks,
-usage, and llama.cpp's `timings` extension."""
+"""The API's results as OpenAI's JSON: completions, chat completions and their stream chunks (one
+choice or several, each with its index), log-probabilities in the shape of each endpoint, usage,
+and llama.cpp's `timings` extension. piece(token) -> bytes names a token (the tokenizer's
+token_bytes)."""
 from __future__ import annotations
 
-from ..results import Completion, CompletionChunk, Timings, Usage
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ..results import Completion, CompletionChunk, Timings, TokenLogprob, Usage
+
+Piece = Callable[[int], bytes]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """An item of a request's job: a result or a stream chunk of choice `index`."""
+    index: int
+    item: Any
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.item.tokens
 
 
 def usage_json(u: Usage) -> dict:
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.total_tokens}
+
+
+def total_usage(usages: Sequence[Usage]) -> Usage:
+    """The prompt is counted once: the choices after the first find it in the cache."""
+    completion = sum(u.completion_tokens for u in usages)
+    return Usage(usages[0].prompt_tokens, completion, usages[0].prompt_tokens + completion)
 
 
 def timings_json(t: Timings) -> dict:
@@ -22,44 +46,121 @@ def chat_id(completion_id: str) -> str:
     return completion_id.replace("cmpl-", "chatcmpl-", 1)
 
 
-def completion_body(c: Completion) -> dict:
-    return {"id": c.id, "object": "text_completion", "created": c.created, "model": c.model,
-            "choices": [{"index": 0, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}],
-            "usage": usage_json(c.usage), "timings": timings_json(c.timings)}
+# log-probabilities --------------------------------------------------------------------------------
+
+def _text(piece: Piece, token: int) -> str:
+    return piece(token).decode("utf-8", errors="replace")
 
 
-def chat_body(c: Completion) -> dict:
-    return {"id": chat_id(c.id), "object": "chat.completion", "created": c.created, "model": c.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
-                         "finish_reason": c.finish_reason}],
-            "usage": usage_json(c.usage), "timings": timings_json(c.timings)}
+def completion_logprobs(logprobs: list[TokenLogprob] | None, piece: Piece, offset: int = 0) -> dict | None:
+    """The completions endpoint's shape; offset: characters of the completion before these tokens."""
+    if logprobs is None:
+        return None
+    texts = [_text(piece, lp.token) for lp in logprobs]
+    offsets = []
+    for text in texts:
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": texts, "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{_text(piece, t): v for t, v in lp.top} for lp in logprobs], "text_offset": offsets}
 
 
-def completion_events(c: CompletionChunk, include_usage: bool) -> list[dict]:
-    """What one chunk sends: nothing for a token whose text is still held back."""
-    if not c.text and c.stop_reason is None:
+def chat_logprobs(logprobs: list[TokenLogprob] | None, piece: Piece) -> dict | None:
+    """The chat endpoint's shape: each token with its bytes, and its alternatives likewise."""
+    if logprobs is None:
+        return None
+
+    def entry(token: int, value: float) -> dict:
+        raw = piece(token)
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": value, "bytes": list(raw)}
+
+    return {"content": [{**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                        for lp in logprobs]}
+
+
+# whole answers ------------------------------------------------------------------------------------
+
+def _answer_head(results: Sequence[Completion]) -> dict:
+    first = results[0]
+    return {"id": first.id, "created": first.created, "model": first.model,
+            "usage": usage_json(total_usage([r.usage for r in results])), "timings": timings_json(first.timings)}
+
+
+def completion_body(results: Sequence[Completion], piece: Piece) -> dict:
+    """One choice per result; llama.cpp's timings are the first choice's (it pays for the prompt)."""
+    choices = [{"index": i, "text": r.text, "logprobs": completion_logprobs(r.logprobs, piece),
+                "finish_reason": r.finish_reason} for i, r in enumerate(results)]
+    return {"object": "text_completion", "choices": choices, **_answer_head(results)}
+
+
+def chat_body(results: Sequence[Completion], piece: Piece) -> dict:
+    choices = [{"index": i, "message": {"role": "assistant", "content": r.text},
+                "logprobs": chat_logprobs(r.logprobs, piece), "finish_reason": r.finish_reason}
+               for i, r in enumerate(results)]
+    head = _answer_head(results)
+    return {**head, "id": chat_id(head["id"]), "object": "chat.completion", "choices": choices}
+
+
+# stream chunks ------------------------------------------------------------------------------------
+
+class StreamState:
+    """What a stream remembers between chunks: which choices have begun, each one's characters so
+    far (for text_offset), and the usage of those that have ended."""
+
+    def __init__(self):
+        self.begun: set[int] = set()
+        self.offsets: dict[int, int] = {}
+        self.usages: list[Usage] = []
+
+    def usage_event(self, head: dict) -> dict:
+        return {**head, "choices": [], "usage": usage_json(total_usage(self.usages))}
+
+
+def _has_news(c: CompletionChunk) -> bool:
+    """A token whose text is still held back sends nothing, unless its log-probability is asked for."""
+    return bool(c.text) or c.stop_reason is not None or bool(c.logprobs)
+
+
+def completion_events(choice: Choice, state: StreamState, piece: Piece) -> list[dict]:
+    c: CompletionChunk = choice.item
+    if not _has_news(c):
         return []
+    offset = state.offsets.get(choice.index, 0)
+    logprobs = completion_logprobs(c.logprobs, piece, offset)
+    state.offsets[choice.index] = offset + len(c.text)
     head = {"id": c.id, "object": "text_completion", "created": c.created, "model": c.model}
-    event = {**head, "choices": [{"index": 0, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}]}
+    event = {**head, "choices": [{"index": choice.index, "text": c.text, "logprobs": logprobs,
+                                  "finish_reason": c.finish_reason}]}
     if c.stop_reason is None:
         return [event]
-    return [{**event, "timings": timings_json(c.timings)}] + (
-        [{**head, "choices": [], "usage": usage_json(c.usage)}] if include_usage else [])
+    state.usages.append(c.usage)
+    return [{**event, "timings": timings_json(c.timings)}]
 
 
-def chat_events(c: CompletionChunk, first: bool, include_usage: bool) -> list[dict]:
-    """OpenAI's chunk order: the role first, then the content, then the finish reason (and usage
-    in a chunk of its own if asked for)."""
+def chat_events(choice: Choice, state: StreamState, piece: Piece) -> list[dict]:
+    """OpenAI's chunk order for each choice: the role first, then the content (with its tokens'
+    log-probabilities, if asked for), then the finish reason."""
+    c: CompletionChunk = choice.item
     head = {"id": chat_id(c.id), "object": "chat.completion.chunk", "created": c.created, "model": c.model}
 
-    def choice(delta: dict, finish=None) -> dict:
-        return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+    def event(delta: dict, logprobs=None, finish=None) -> dict:
+        return {**head, "choices": [{"index": choice.index, "delta": delta, "logprobs": logprobs,
+                                     "finish_reason": finish}]}
 
-    events = [choice({"role": "assistant", "content": ""})] if first else []
-    if c.text:
-        events.append(choice({"content": c.text}))
+    events = []
+    if choice.index not in state.begun:
+        state.begun.add(choice.index)
+        events.append(event({"role": "assistant", "content": ""}))
+    if c.text or c.logprobs:
+        events.append(event({"content": c.text}, chat_logprobs(c.logprobs, piece)))
     if c.stop_reason is not None:
-        events.append({**choice({}, c.finish_reason), "timings": timings_json(c.timings)})
-        if include_usage:
-            events.append({**head, "choices": [], "usage": usage_json(c.usage)})
+        state.usages.append(c.usage)
+        events.append({**event({}, finish=c.finish_reason), "timings": timings_json(c.timings)})
     return events
+
+
+def usage_head(c: CompletionChunk, chat: bool) -> dict:
+    """The head of the last chunk, the usage of every choice (stream_options.include_usage)."""
+    if chat:
+        return {"id": chat_id(c.id), "object": "chat.completion.chunk", "created": c.created, "model": c.model}
+    return {"id": c.id, "object": "text_completion", "created": c.created, "model": c.model}

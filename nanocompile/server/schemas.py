@@ -3,8 +3,8 @@ answers with (these only describe them in the OpenAPI document, /openapi.json).
 
 Types are strict (a string where a number belongs is refused, not converted). Fields this server
 does not know are ignored, as llama.cpp's server and Ollama ignore them: editor plugins send
-extensions of their own. Fields it knows but cannot honour (several choices, log-probabilities,
-tools, JSON mode) are refused when set to anything but their neutral value.
+extensions of their own. Fields it knows but cannot honour (echo, best_of, logit_bias, tools, JSON
+mode) are refused when set to anything but their neutral value.
 """
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ def _characters(text: str) -> str:
 Text = Annotated[StrictStr, AfterValidator(_characters)]  # what is tokenized
 Prompt = Annotated[StrictStr, Field(min_length=1), AfterValidator(_characters)]  # not empty
 Stop = StrictStr | Annotated[list[StrictStr], Field(max_length=16)] | None
+MAX_CHOICES = 8  # n: the choices of one request, run one after another on the prompt's cache
+TopLogprobs = Annotated[StrictInt, Field(ge=0, le=20)]  # OpenAI's bound
 
 
 class StreamOptions(BaseModel):
@@ -56,7 +58,7 @@ class Sampling(BaseModel):
     seed: Annotated[StrictInt, Field(ge=0, lt=2 ** 64)] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    n: Annotated[StrictInt, Field(ge=1, le=1)] = 1  # one choice per request
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_CHOICES)] = 1  # choices, each with its own seed (seed + index)
     user: StrictStr | None = None
     logit_bias: dict[str, Number] | None = None
 
@@ -72,15 +74,16 @@ class CompletionRequest(Sampling):
     suffix: Text | None = None  # fill in the middle between prompt and suffix
     max_tokens: Annotated[StrictInt, Field(ge=0)] | None = 16
     echo: StrictBool = False
-    logprobs: StrictInt | None = None
+    logprobs: TopLogprobs | None = None  # each token's, and this many of the most likely beside it
     best_of: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
 
     def unsupported(self) -> str | None:
         if self.echo:
             return "echo is not supported"
-        if self.logprobs is not None:
-            return "logprobs is not supported"
         return super().unsupported()
+
+    def top(self) -> int | None:
+        return self.logprobs
 
     def prompt_value(self) -> str | list[int]:
         return self.prompt[0] if isinstance(self.prompt, list) and isinstance(self.prompt[0], str) else self.prompt
@@ -108,18 +111,21 @@ class ChatRequest(Sampling):
     max_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
     max_completion_tokens: Annotated[StrictInt, Field(ge=0)] | None = None  # OpenAI's newer name
     logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = None
+    top_logprobs: TopLogprobs | None = None
     tools: list | None = None
     response_format: dict | None = None
 
     def unsupported(self) -> str | None:
-        if self.logprobs or self.top_logprobs:
-            return "logprobs is not supported"
+        if self.top_logprobs is not None and not self.logprobs:
+            return "top_logprobs needs logprobs: true"
         if self.tools:
             return "tools are not supported"
         if self.response_format and self.response_format.get("type", "text") != "text":
             return f"response_format {self.response_format.get('type')!r} is not supported (only text)"
         return super().unsupported()
+
+    def top(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -162,10 +168,19 @@ class Timings(BaseModel):
 FinishReason = Literal["stop", "length", "interrupted"]
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy shape: per token its text, log-probability, the most likely tokens there
+    (text -> log-probability) and its character offset in the completion's text."""
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None
+    logprobs: CompletionLogprobs | None
     finish_reason: FinishReason
 
 
@@ -188,10 +203,24 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None
+    logprobs: ChatLogprobs | None
     finish_reason: FinishReason
 
 
