@@ -302,6 +302,43 @@ def test_several_choices_each_with_its_seed_and_their_log_probabilities(serve_ti
     assert events[-1]["choices"] == [] and events[-1]["usage"] == whole["usage"]
 
 
+def test_tokenize_detokenize_and_metrics(serve_tiny, tiny_chat_model):
+    """llama-server's /tokenize and /detokenize (the tokenizer's ids, behind the key) and /metrics in
+    Prometheus' format (open, like /health), whose counts follow the requests answered."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    server = serve_tiny(api_key=KEY)
+    auth = {"headers": {"Authorization": f"Bearer {KEY}"}}
+    text = "hello <|im_end|> world"
+    want = tiny_chat_model.tokenizer.encode(text)
+    assert post(server, "/tokenize", {"content": text}, **auth).json() == {"tokens": want}
+    pieces = post(server, "/tokenize", {"content": text, "with_pieces": True}, **auth).json()["tokens"]
+    assert [p["id"] for p in pieces] == want and "".join(p["piece"] for p in pieces) == text
+    assert post(server, "/detokenize", {"tokens": want}, **auth).json() == {"content": text}
+    assert post(server, "/tokenize", {"content": text}).status_code == 401
+    bad = post(server, "/detokenize", {"tokens": [1, 10 ** 6]}, **auth)
+    assert bad.status_code == 400 and "outside the vocabulary" in bad.json()["error"]["message"]
+    assert post(server, "/tokenize", {"content": 5}, **auth).json()["error"]["message"].startswith("content:")
+
+    def scrape() -> dict:
+        r = httpx.get(server.url + "/metrics")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        return {(s.name, s.labels.get("outcome", "")): s.value for f in text_string_to_metric_families(r.text)
+                for s in f.samples}
+
+    before = scrape()
+    assert before[("nanocompile_requests_total", "done")] == 0 and before[("nanocompile_queue_length", "")] == 0
+    for _ in range(2):
+        post(server, "/v1/completions", {"prompt": "hello", "max_tokens": 4, **GREEDY}, **auth)
+    after = scrape()
+    assert after[("nanocompile_requests_total", "done")] == 2
+    assert after[("nanocompile_tokens_generated_total", "")] == 8
+    assert after[("nanocompile_time_to_first_token_seconds_count", "")] == 2
+    assert after[("nanocompile_decode_tokens_per_second_count", "")] == 2
+    fed, cached = after[("nanocompile_prompt_tokens_total", "")], after[("nanocompile_prompt_tokens_cached_total", "")]
+    assert fed + cached == 2 * len(tiny_chat_model.tokenizer.encode("hello")) and cached > 0  # the second reused it
+
+
 def test_unknown_fields_are_ignored_and_known_ones_still_apply(serve_tiny):
     server = serve_tiny()
     plain = post(server, "/v1/completions", {"prompt": "hello", "max_tokens": 5, **GREEDY}).json()

@@ -63,11 +63,14 @@ def api(served):
 def test_the_document_describes_every_endpoint_and_body(api):
     doc = api.raw_schema
     assert {(path, method) for path, ops in doc["paths"].items() for method in ops} == {
-        ("/v1/completions", "post"), ("/v1/chat/completions", "post"), ("/v1/models", "get"), ("/health", "get")}
+        ("/v1/completions", "post"), ("/v1/chat/completions", "post"), ("/v1/models", "get"), ("/health", "get"),
+        ("/metrics", "get"), ("/tokenize", "post"), ("/detokenize", "post")}
     bodies = {path: ops["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
               for path, ops in doc["paths"].items() if "post" in ops}
     assert bodies == {"/v1/completions": "#/components/schemas/CompletionRequest",
-                      "/v1/chat/completions": "#/components/schemas/ChatRequest"}
+                      "/v1/chat/completions": "#/components/schemas/ChatRequest",
+                      "/tokenize": "#/components/schemas/TokenizeRequest",
+                      "/detokenize": "#/components/schemas/DetokenizeRequest"}
     schemas = doc["components"]["schemas"]
     assert schemas["CompletionRequest"]["required"] == ["prompt"]
     assert schemas["ChatRequest"]["required"] == ["messages"]
@@ -78,8 +81,9 @@ def test_the_document_describes_every_endpoint_and_body(api):
         errors = doc["paths"][path]["post"]["responses"]
         assert {"400", "401", "413", "503"} <= errors.keys() and "422" not in errors
         assert errors["400"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorBody"}
-    assert doc["paths"]["/v1/models"]["get"]["security"] == [{"api_key": []}]
-    assert "security" not in doc["paths"]["/health"]["get"]
+    for path, method in (("/v1/models", "get"), ("/tokenize", "post"), ("/detokenize", "post")):
+        assert doc["paths"][path][method]["security"] == [{"api_key": []}]
+    assert "security" not in doc["paths"]["/health"]["get"] and "security" not in doc["paths"]["/metrics"]["get"]
 
 
 def openai_error_shape(ctx, response, case) -> None:
@@ -99,7 +103,7 @@ def openai_error_shape(ctx, response, case) -> None:
 def send_and_check(case, served) -> None:
     # without the key (schemathesis may make one up): refused before the body is read
     anonymous = case.call()
-    if case.path.startswith("/v1/"):
+    if case.path.startswith("/v1/") or case.path in ("/tokenize", "/detokenize"):
         assert anonymous.status_code == 401, anonymous.text
     case.validate_response(anonymous, checks=CHECKS, additional_checks=[openai_error_shape])
     response = case.call(headers={"Authorization": f"Bearer {KEY}"})
@@ -116,7 +120,7 @@ def send_and_check(case, served) -> None:
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=str)
 def test_no_request_gets_a_server_error_and_every_error_is_openais(api, served, mode):
     operations = [result.ok() for result in api.get_all_operations()]
-    assert len(operations) == 4
+    assert len(operations) == 7
     for operation in operations:
         if mode == GenerationMode.NEGATIVE and not len(operation.body):
             continue  # a GET without parameters: nothing can be wrong in it

@@ -1,5 +1,6 @@
 """The HTTP application: OpenAI's /v1/chat/completions, /v1/completions (with fill in the middle),
-/v1/models, and /health, on FastAPI; /openapi.json describes them.
+/v1/models, llama-server's /tokenize, /detokenize and /metrics, and /health, on FastAPI;
+/openapi.json describes them.
 
 Every request is checked and tokenized on arrival (off the event loop), then queued for the one
 generation worker (engine.Engine); a full queue is a 503, a prompt longer than the context a 400.
@@ -27,12 +28,15 @@ from ..api import Model
 from ..engine.checks import check_tokens
 from ..engine.sampling import SamplingParams
 from ..errors import ContextFullError, InputError, ModelError, NanocompileError
+from . import metrics as metrics_format
 from . import openai_format as fmt
 from . import schemas
+from .metrics import Metrics
 from .schemas import ChatRequest, CompletionRequest, Sampling
 from .worker import Engine, Job, QueueFull, ShuttingDown
 
 MAX_BODY = 8 << 20
+KEYED = ("/tokenize", "/detokenize")  # outside /v1/, also behind the API key (/health, /metrics stay open)
 
 # the errors each endpoint can answer, for the OpenAPI document
 ERRORS = {400: "a malformed or unsupported request, or a prompt longer than the context",
@@ -64,7 +68,7 @@ class FrontDoor:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         response = None
-        if self.key is not None and scope["path"].startswith("/v1/"):
+        if self.key is not None and (scope["path"].startswith("/v1/") or scope["path"] in KEYED):
             scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
                 response = error_response(401, "invalid or missing API key: send the header Authorization: Bearer KEY",
@@ -114,6 +118,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
     model_id = model_id or model.name
     defaults = dict(defaults or {})
     engine = Engine(max_queue)
+    metrics = Metrics(engine)
     started = int(time.time())
 
     @asynccontextmanager
@@ -141,7 +146,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
             for path, operations in doc["paths"].items():
                 for operation in operations.values():
                     operation["responses"].pop("422", None)
-                    if api_key and path.startswith("/v1/"):
+                    if api_key and (path.startswith("/v1/") or path in KEYED):
                         operation["security"] = [{"api_key": []}]
             for name in ("HTTPValidationError", "ValidationError"):
                 doc["components"]["schemas"].pop(name, None)
@@ -174,6 +179,30 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
     @app.get("/health", responses=responses(schemas.Health))
     async def health() -> dict:
         return {"status": "ok", "model": model_id, "n_ctx": model.n_ctx, **engine.state()}
+
+    @app.get("/metrics", response_class=Response,
+             responses={200: {"content": {metrics_format.CONTENT_TYPE: {"schema": {"type": "string"}}},
+                              "description": "Prometheus' text format"}})
+    async def prometheus() -> Response:
+        return Response(metrics.text(), media_type=metrics_format.CONTENT_TYPE)
+
+    @app.post("/tokenize", responses=responses(schemas.Tokens, 400, *key_errors, 413))
+    async def tokenize(body: schemas.TokenizeRequest) -> dict:
+        try:
+            ids = await run_in_threadpool(model.tokenize, body.content)
+        except InputError as e:
+            return error_response(400, str(e), param="content")
+        if not body.with_pieces:
+            return {"tokens": ids}
+        return {"tokens": [{"id": t, "piece": model.tokenizer.token_bytes(t).decode("utf-8", errors="replace")}
+                           for t in ids]}
+
+    @app.post("/detokenize", responses=responses(schemas.Detokenized, 400, *key_errors, 413))
+    async def detokenize(body: schemas.DetokenizeRequest) -> dict:
+        try:
+            return {"content": await run_in_threadpool(model.detokenize, body.tokens)}
+        except InputError as e:
+            return error_response(400, str(e), param="tokens")
 
     @app.get("/v1/models", responses=responses(schemas.ModelList, *key_errors))
     async def models() -> dict:
@@ -225,14 +254,19 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
             return error_response(400, str(e), code="context_length_exceeded" if isinstance(e, ContextFullError)
                                   else None)
 
+        arrived = time.monotonic()
+
         def work(should_stop):
             for index in range(body.n):
                 seed = kwargs.get("seed")
                 choice = {**kwargs, **({"seed": (seed + index) % 2 ** 64} if seed is not None else {})}
+                begun = time.monotonic()
                 result = model.create_completion(ids, max_tokens=max_tokens, stop_token_ids=stop_token_ids,
                                                  stream=body.stream, should_stop=should_stop, logprobs=body.top(),
                                                  **choice)
                 for item in result if body.stream else [result]:
+                    if item.timings is not None:  # the choice's last chunk, or its whole answer
+                        metrics.answered(item.timings, begun - arrived)
                     yield fmt.Choice(index, item)
                 if should_stop():
                     return

@@ -131,6 +131,18 @@ class ChatRequest(Sampling):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
+class TokenizeRequest(BaseModel):
+    """llama-server's /tokenize: control tokens written in the text are read as such."""
+    model_config = ConfigDict(extra="ignore")
+    content: Text
+    with_pieces: StrictBool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    tokens: list[StrictInt]
+
+
 # what the server answers, for the OpenAPI document (the handlers build these bodies as dicts:
 # openai_format.py, app.py)
 
@@ -227,6 +239,19 @@ class ChatChoice(BaseModel):
 class ChatCompletion(Answer):
     object: Literal["chat.completion"]
     choices: list[ChatChoice]
+
+
+class TokenPiece(BaseModel):
+    id: int
+    piece: str
+
+
+class Tokens(BaseModel):
+    tokens: list[int] | list[TokenPiece]
+
+
+class Detokenized(BaseModel):
+    content: str
 
 
 class ModelMeta(BaseModel):
