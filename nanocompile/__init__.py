@@ -18,14 +18,16 @@ _API = {
     "ChatCompletionChunk": "results", "ChatMessage": "results", "Usage": "results", "Timings": "results",
     "TokenLogprob": "results",
     "NanocompileError": "errors", "ModelError": "errors", "InputError": "errors", "ContextFullError": "errors",
-    "NonFiniteLogitsError": "errors", "LookupParams": "engine.lookup", "SamplingParams": "engine.sampling",
+    "NonFiniteLogitsError": "errors", "Grammar": "engine.constrain", "LookupParams": "engine.lookup",
+    "SamplingParams": "engine.sampling",
 }
 __all__ = ["ChatCompletion", "ChatCompletionChunk", "ChatMessage", "Completion", "CompletionChunk", "ContextFullError",
-           "InputError", "LookupParams", "Model", "ModelError", "NanocompileError", "NonFiniteLogitsError",
+           "Grammar", "InputError", "LookupParams", "Model", "ModelError", "NanocompileError", "NonFiniteLogitsError",
            "SamplingParams", "Timings", "TokenLogprob", "Usage", "load", "__version__"]
 
 if TYPE_CHECKING:
     from .api import Model, load
+    from .engine.constrain import Grammar
     from .engine.lookup import LookupParams
     from .engine.sampling import SamplingParams
     from .errors import ContextFullError, InputError, ModelError, NanocompileError, NonFiniteLogitsError

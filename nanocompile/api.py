@@ -18,7 +18,9 @@ from typing import Callable, Iterator, Literal, Mapping, Sequence, overload
 
 import numpy as np
 
+from .engine import constrain
 from .engine.checks import check_n_ctx, check_precision, check_tokens
+from .engine.constrain import Constrained, Grammar
 from .engine.logprobs import Scored, check_top
 from .engine.lookup import LookupParams
 from .engine.sampling import Sampler, SamplingParams
@@ -205,7 +207,8 @@ class Model:
                           presence_penalty: float = ..., stop: str | Sequence[str] | None = ...,
                           stop_token_ids: Sequence[int] = ..., seed: int | None = ...,
                           stream: Literal[False] = ..., should_stop: Callable[[], bool] | None = ...,
-                          lookup: "bool | LookupParams | None" = ..., logprobs: int | None = ...) -> Completion: ...
+                          lookup: "bool | LookupParams | None" = ..., logprobs: int | None = ...,
+                          grammar: Grammar | None = ...) -> Completion: ...
 
     @overload
     def create_completion(self, prompt: str | Sequence[int], suffix: str | None = ..., max_tokens: int | None = ...,
@@ -214,13 +217,13 @@ class Model:
                           presence_penalty: float = ..., stop: str | Sequence[str] | None = ...,
                           stop_token_ids: Sequence[int] = ..., seed: int | None = ...,
                           stream: Literal[True] = ..., should_stop: Callable[[], bool] | None = ...,
-                          lookup: "bool | LookupParams | None" = ..., logprobs: int | None = ...
-                          ) -> Iterator[CompletionChunk]: ...
+                          lookup: "bool | LookupParams | None" = ..., logprobs: int | None = ...,
+                          grammar: Grammar | None = ...) -> Iterator[CompletionChunk]: ...
 
     def create_completion(self, prompt, suffix=None, max_tokens=16, temperature=0.8, top_p=0.95, top_k=40,
                           min_p=0.05, repeat_penalty=1.0, repeat_last_n=64, frequency_penalty=0.0,
                           presence_penalty=0.0, stop=None, stop_token_ids=(), seed=None, stream=False,
-                          should_stop=None, lookup=None, logprobs=None):
+                          should_stop=None, lookup=None, logprobs=None, grammar=None):
         """Continues prompt (text, or token ids); with suffix, fills in the middle between prompt
         and suffix. max_tokens None: until end of text or a full context. stop: strings that end
         the text (left out of it). seed: this call's own; None continues the model's generator.
@@ -228,7 +231,8 @@ class Model:
         CompletionChunk, else one Completion. lookup: prompt-lookup drafting for this call (True,
         False or a LookupParams; None: the model's default), the same tokens either way.
         logprobs: each token's log-probability and that many of the most likely tokens beside it
-        (0 to 20; engine/logprobs.py), in .logprobs; None: none."""
+        (0 to 20; engine/logprobs.py), in .logprobs; None: none. grammar: a Grammar the output
+        must match (engine/constrain.py: a JSON schema, any JSON object, GBNF, Lark, a regex)."""
         params = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, frequency_penalty,
                            presence_penalty, seed)
         top = None if logprobs is None else check_top(logprobs, "logprobs")
@@ -242,7 +246,8 @@ class Model:
             ids = self.tokenize(prompt)
         else:
             ids = list(prompt)
-        chunks = self._run(ids, max_tokens, params, seed, _stops(stop), stop_token_ids, should_stop, lookup, top=top)
+        chunks = self._run(ids, max_tokens, params, seed, _stops(stop), stop_token_ids, should_stop, lookup, top=top,
+                           grammar=_grammar(grammar))
         if stream:
             return _Stream(self, chunks)
         return _collect(_Stream(self, chunks))
@@ -257,7 +262,8 @@ class Model:
                                seed: int | None = ..., stream: Literal[False] = ...,
                                should_stop: Callable[[], bool] | None = ...,
                                lookup: "bool | LookupParams | None" = ..., logprobs: bool = ...,
-                               top_logprobs: int | None = ...) -> ChatCompletion: ...
+                               top_logprobs: int | None = ..., grammar: Grammar | None = ...,
+                               response_format: dict | None = ...) -> ChatCompletion: ...
 
     @overload
     def create_chat_completion(self, messages: Sequence[Message], max_tokens: int | None = ...,
@@ -267,16 +273,18 @@ class Model:
                                seed: int | None = ..., stream: Literal[True] = ...,
                                should_stop: Callable[[], bool] | None = ...,
                                lookup: "bool | LookupParams | None" = ..., logprobs: bool = ...,
-                               top_logprobs: int | None = ...) -> Iterator[ChatCompletionChunk]: ...
+                               top_logprobs: int | None = ..., grammar: Grammar | None = ...,
+                               response_format: dict | None = ...) -> Iterator[ChatCompletionChunk]: ...
 
     def create_chat_completion(self, messages, max_tokens=None, temperature=0.2, top_p=0.95, top_k=40, min_p=0.05,
                                repeat_penalty=1.0, repeat_last_n=64, frequency_penalty=0.0, presence_penalty=0.0,
                                stop=None, seed=None, stream=False, should_stop=None, lookup=None, logprobs=False,
-                               top_logprobs=None):
+                               top_logprobs=None, grammar=None, response_format=None):
         """The assistant's answer to messages ([{"role": "user", "content": "..."}, ...]) in the
         model's chat template. The defaults are llama-cpp-python's; the rest as create_completion.
         The KV cache keeps the conversation: the next turn feeds only what is new. logprobs,
-        top_logprobs: OpenAI's (top_logprobs, 0 to 20, needs logprobs)."""
+        top_logprobs: OpenAI's (top_logprobs, 0 to 20, needs logprobs). response_format: OpenAI's
+        ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"schema": ...}}), or grammar."""
         params = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, frequency_penalty,
                            presence_penalty, seed)
         if not isinstance(logprobs, bool):
@@ -284,8 +292,16 @@ class Model:
         if top_logprobs is not None and not logprobs:
             raise InputError("top_logprobs needs logprobs=True")
         top = (0 if top_logprobs is None else check_top(top_logprobs, "top_logprobs")) if logprobs else None
+        constraint = _grammar(grammar)
+        if response_format is not None:
+            if not isinstance(response_format, Mapping):
+                raise InputError(f"response_format must be a dict, got {response_format!r}")
+            asked = constrain.from_request(response_format=dict(response_format))
+            if asked is not None and constraint is not None:
+                raise InputError("response_format and grammar: give one of them, not both")
+            constraint = constraint or asked
         chunks = self._run(self.chat_prompt(messages), max_tokens, params, seed, _stops(stop), (), should_stop,
-                           lookup, top=top)
+                           lookup, top=top, grammar=constraint)
         answer = _as_chat(chunks)
         if stream:
             return _Stream(self, answer)
@@ -294,7 +310,7 @@ class Model:
     # the loop ---------------------------------------------------------------------------------
     def _run(self, prompt_ids: list[int], max_tokens: int | None, params: SamplingParams, seed: int | None,
              stops: list[str], stop_token_ids: Sequence[int], should_stop, lookup=None, text: bool = True,
-             top: int | None = None) -> Iterator[CompletionChunk]:
+             top: int | None = None, grammar: Grammar | None = None) -> Iterator[CompletionChunk]:
         """Checks what it is given now, and returns the generation (which touches the KV cache
         only when it is first iterated)."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, type(None))):
@@ -307,21 +323,25 @@ class Model:
         stop_ids = set(self.eos_token_ids) | {int(t) for t in stop_token_ids}
         drafting = self.lookup if lookup is None else _lookup(lookup)
         return self._chunks(ids, -1 if max_tokens is None else max_tokens, params, seed, stops, stop_ids, should_stop,
-                            self.tokenizer if text else None, drafting, top)
+                            self.tokenizer if text else None, drafting, top, grammar)
 
     def _chunks(self, ids: list[int], max_tokens: int, params: SamplingParams, seed: int | None, stops: list[str],
-                stop_ids: set[int], should_stop, tok, lookup: LookupParams | None = None, top: int | None = None
-                ) -> Iterator[CompletionChunk]:
+                stop_ids: set[int], should_stop, tok, lookup: LookupParams | None = None, top: int | None = None,
+                grammar: Grammar | None = None) -> Iterator[CompletionChunk]:
         """One CompletionChunk per token chosen (its text may be empty while a character or a
         possible stop sequence is incomplete), then a last one with the rest of the text, why it
         stopped, usage and timings. top: with each token its log-probability and top alternatives."""
         sampler = Sampler(params, rng=None if seed is not None else self._rng)
         sampler.accept(ids)
         scored = Scored(sampler, top) if top is not None else None
+        constrained = None
+        if grammar is not None:  # masks before the sampler (and before the scores: what the sampler sees)
+            constrained = Constrained(scored or sampler, grammar, self._need_tokenizer(), self.n_vocab)
+            constrained.prefetch()  # the first mask while the prompt runs
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         result = GenerationResult(0)
         bar = _PromptBar(result, getattr(self.session, "max_chunk", 0), self.progress)
-        pieces = stream(self.session, ids, max_tokens, choose=scored or sampler, stop_ids=stop_ids, stops=stops, tokenizer=tok,
+        pieces = stream(self.session, ids, max_tokens, choose=constrained or scored or sampler, stop_ids=stop_ids, stops=stops, tokenizer=tok,
                         reuse_cache=True, should_stop=should_stop, on_prompt_chunk=bar.update, result=result,
                         lookup=lookup)
         try:
@@ -331,6 +351,8 @@ class Model:
                 if piece.result is None:
                     yield CompletionChunk(cid, created, self.name, piece.text, piece.tokens, logprobs=logprobs)
                     continue
+                if constrained is not None:
+                    result.mask_seconds = constrained.mask_seconds
                 self.timings = result.timings
                 usage = Usage(len(ids), len(result.tokens), len(ids) + len(result.tokens))
                 yield CompletionChunk(cid, created, self.name, piece.text, [], stop_reason=result.stop_reason,
@@ -340,6 +362,8 @@ class Model:
         finally:
             pieces.close()
             bar.close()
+            if constrained is not None:
+                constrained.close()
             self.timings = result.timings
 
     def _take_over(self, stream: "_Stream | None") -> None:
@@ -450,6 +474,12 @@ def _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, f
         if isinstance(value, bool) or not isinstance(value, kind):
             raise InputError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
     return SamplingParams(**values).check(flag_names=False)
+
+
+def _grammar(grammar) -> Grammar | None:
+    if grammar is not None and not isinstance(grammar, Grammar):
+        raise InputError(f"grammar must be a Grammar (Grammar.json_schema(...), .gbnf(...), ...), got {grammar!r}")
+    return grammar
 
 
 def _lookup(lookup) -> LookupParams | None:

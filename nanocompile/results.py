@@ -28,6 +28,7 @@ class Timings:
     accepted_tokens: int = 0  # of them, kept
     verify_steps: int = 0    # steps that verified a draft
     lookup_seconds: float = 0.0  # indexing the context and drafting
+    mask_seconds: float = 0.0    # a grammar's masks: the wait for them, beyond what ran beside the step
 
     @property
     def acceptance(self) -> float:

@@ -109,6 +109,33 @@ def test_openai_logprobs_and_several_choices(real_server, reference):
     assert "".join(legacy.choices[0].logprobs.tokens) == text.text
 
 
+def test_structured_output_with_the_openai_clients_parse(real_server):
+    """OpenAI's client.chat.completions.parse with a pydantic model sends a strict json_schema
+    response_format and parses the answer into the model: it parses, and validates."""
+    import pydantic
+
+    class Book(pydantic.BaseModel):
+        title: str = pydantic.Field(max_length=40)
+        year: int = pydantic.Field(ge=1450, le=2030)
+        genres: list[str] = pydantic.Field(max_length=3)
+
+    c = client(real_server)
+    got = c.chat.completions.parse(model="x", messages=[{"role": "user", "content": "A famous novel, as JSON."}],
+                                   response_format=Book, max_tokens=100, **GREEDY)
+    book = got.choices[0].message.parsed
+    assert isinstance(book, Book) and 1450 <= book.year <= 2030 and len(book.genres) <= 3
+    # llama.cpp's and Ollama's fields, on completions
+    for extra in ({"json_schema": {"type": "object", "properties": {"n": {"type": "integer", "maximum": 999}},
+                                   "required": ["n"], "additionalProperties": False}},
+                  {"grammar": 'root ::= "yes" | "no"'},
+                  {"format": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                              "additionalProperties": False}}):
+        r = httpx.post(real_server + "/v1/completions", json={"prompt": "Answer:", "max_tokens": 30, **extra, **GREEDY},
+                       headers={"Authorization": f"Bearer {KEY}"}, timeout=120).json()
+        text = r["choices"][0]["text"]
+        assert text in ("yes", "no") if "grammar" in extra else isinstance(json.loads(text), dict), (extra, text)
+
+
 def test_stop_sequences_seed_and_models(real_server):
     c = client(real_server)
     sampled = dict(model="x", prompt="import", max_tokens=8, temperature=1.0, top_p=1.0)
@@ -223,6 +250,18 @@ def post(server, path, body, **kw):
      "messages.0.content"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
      "tools are not supported"),
+    # constrained decoding: a schema or grammar llguidance cannot compile, named by its field
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "objectx"}}}},
+     "response_format.json_schema.schema: Invalid type: objectx"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
+     "response_format.type: one of text, json_object, json_schema"),
+    ("/v1/completions", {"prompt": "x", "grammar": "root ::= ("}, "grammar: the GBNF grammar does not parse"),
+    ("/v1/completions", {"prompt": "x", "json_schema": {"type": "object"}, "grammar": 'root ::= "a"'},
+     "json_schema and grammar: give one of them, not both"),
+    ("/v1/completions", {"prompt": "x", "format": "yaml"}, 'format: "json" or a JSON schema'),
+    ("/v1/completions", {"prompt": "x", "json_schema": {"type": "object", "properties": {"a": {
+        "type": "integer", "minimum": 3, "maximum": 1}}, "required": ["a"]}}, "unsatisfiable"),
     # what Python's JSON reader takes, or fails on other than as malformed JSON
     ("/v1/completions", b'{"prompt": "x", "temperature": NaN}', "temperature: Input should be a finite number"),
     ("/v1/completions", b'{"prompt": "x", "suffix": "\\ud800"}', "suffix: the character at 0 is a lone surrogate"),

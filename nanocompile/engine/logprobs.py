@@ -22,12 +22,13 @@ def log_softmax(row: np.ndarray) -> np.ndarray:
 
 
 def most_likely(logprobs: np.ndarray, k: int) -> tuple[tuple[int, float], ...]:
-    """The k largest, largest first; equal values in the order of their ids."""
+    """The k largest (finite ones), largest first; equal values in the order of their ids."""
     if k <= 0:
         return ()
     candidates = np.argpartition(-logprobs, k - 1)[:k] if k < logprobs.size else np.arange(logprobs.size)
     order = sorted(candidates.tolist(), key=lambda t: (-logprobs[t], t))
-    return tuple((t, float(logprobs[t])) for t in order)
+    # a grammar's mask leaves fewer than k possible: the impossible ones are not alternatives
+    return tuple((t, float(logprobs[t])) for t in order if np.isfinite(logprobs[t]))
 
 
 def check_top(top: int, field: str) -> int:

@@ -36,11 +36,13 @@ class GenerationResult:
     accepted: int = 0        # of them, kept
     verify_steps: int = 0    # steps that verified a draft
     lookup_seconds: float = 0.0  # spent indexing the context and drafting
+    mask_seconds: float = 0.0    # waiting for a grammar's masks (engine/constrain.py)
 
     @property
     def timings(self) -> Timings:
         return Timings(self.prompt_tokens, self.cached_tokens, self.prompt_seconds, len(self.tokens),
-                       self.decode_seconds, self.drafted, self.accepted, self.verify_steps, self.lookup_seconds)
+                       self.decode_seconds, self.drafted, self.accepted, self.verify_steps, self.lookup_seconds,
+                       self.mask_seconds)
 
     @property
     def prompt_tps(self) -> float:

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..api import Model
+from ..engine import constrain
 from ..engine.checks import check_tokens
 from ..engine.sampling import SamplingParams
 from ..errors import ContextFullError, InputError, ModelError, NanocompileError
@@ -242,6 +243,9 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
             return error_response(400, problem)
         try:
             kwargs = sampling_kwargs(body)
+            grammar = await run_in_threadpool(constrain.from_request, **body.constraint())  # compiling it may take a while
+            if grammar is not None:
+                await run_in_threadpool(constrain.check_satisfiable, grammar, model.tokenizer, model.n_vocab)
             ids, stop_token_ids = await run_in_threadpool(prompt_ids)  # tokenizing is not for the event loop
             if not ids:
                 raise InputError("the prompt is empty")
@@ -263,7 +267,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                 begun = time.monotonic()
                 result = model.create_completion(ids, max_tokens=max_tokens, stop_token_ids=stop_token_ids,
                                                  stream=body.stream, should_stop=should_stop, logprobs=body.top(),
-                                                 **choice)
+                                                 grammar=grammar, **choice)
                 for item in result if body.stream else [result]:
                     if item.timings is not None:  # the choice's last chunk, or its whole answer
                         metrics.answered(item.timings, begun - arrived)

@@ -3,8 +3,8 @@ answers with (these only describe them in the OpenAPI document, /openapi.json).
 
 Types are strict (a string where a number belongs is refused, not converted). Fields this server
 does not know are ignored, as llama.cpp's server and Ollama ignore them: editor plugins send
-extensions of their own. Fields it knows but cannot honour (echo, best_of, logit_bias, tools, JSON
-mode) are refused when set to anything but their neutral value.
+extensions of their own. Fields it knows but cannot honour (echo, best_of, logit_bias, tools) are
+refused when set to anything but their neutral value.
 """
 from __future__ import annotations
 
@@ -61,6 +61,13 @@ class Sampling(BaseModel):
     n: Annotated[StrictInt, Field(ge=1, le=MAX_CHOICES)] = 1  # choices, each with its own seed (seed + index)
     user: StrictStr | None = None
     logit_bias: dict[str, Number] | None = None
+    # constrained decoding (engine/constrain.py): llama.cpp's fields and Ollama's
+    json_schema: dict | None = None      # a JSON schema the output matches
+    grammar: StrictStr | None = None     # llama.cpp's GBNF
+    format: StrictStr | dict | None = None  # Ollama's: "json" or a JSON schema
+
+    def constraint(self) -> dict:
+        return {"json_schema": self.json_schema, "grammar": self.grammar, "format": self.format}
 
     def unsupported(self) -> str | None:
         if self.logit_bias:
@@ -120,9 +127,10 @@ class ChatRequest(Sampling):
             return "top_logprobs needs logprobs: true"
         if self.tools:
             return "tools are not supported"
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            return f"response_format {self.response_format.get('type')!r} is not supported (only text)"
         return super().unsupported()
+
+    def constraint(self) -> dict:
+        return {**super().constraint(), "response_format": self.response_format}
 
     def top(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
