@@ -19,6 +19,7 @@ from typing import Callable, Iterator, Literal, Mapping, Sequence, overload
 import numpy as np
 
 from .engine import constrain
+from .engine import tools as tool_calls
 from .engine.checks import check_n_ctx, check_precision, check_tokens
 from .engine.constrain import Constrained, Grammar
 from .engine.logprobs import Scored, check_top
@@ -150,13 +151,14 @@ class Model:
         ids = check_tokens(list(tokens), self.n_vocab) if len(tokens) else np.zeros(0, np.int32)
         return self._need_tokenizer().decode(ids.tolist(), skip_special=not special)
 
-    def chat_prompt(self, messages: Sequence[Message]) -> list[int]:
+    def chat_prompt(self, messages: Sequence[Message], tools: Sequence[dict] | None = None) -> list[int]:
         """The token ids of a conversation in the model's chat template, ending where the
-        assistant's answer begins."""
+        assistant's answer begins; tools: OpenAI's function tools, listed as the template lists them."""
         tok = self._need_tokenizer()
         if not tok.chat_template:
             raise InputError(f"{self.name} has no chat template; use create_completion")
-        return tok.encode(tok.render_chat(_message_dicts(messages)))
+        checked = tool_calls.check_tools(list(tools)) if tools is not None else None
+        return tok.encode(tok.render_chat(tool_calls.template_messages(_message_dicts(messages)), tools=checked))
 
     def fim_prompt(self, prefix: str, suffix: str) -> list[int]:
         """The token ids that ask the model for the text between prefix and suffix (fill in the
@@ -263,7 +265,8 @@ class Model:
                                should_stop: Callable[[], bool] | None = ...,
                                lookup: "bool | LookupParams | None" = ..., logprobs: bool = ...,
                                top_logprobs: int | None = ..., grammar: Grammar | None = ...,
-                               response_format: dict | None = ...) -> ChatCompletion: ...
+                               response_format: dict | None = ..., tools: Sequence[dict] | None = ...,
+                               tool_choice: str | dict | None = ...) -> ChatCompletion: ...
 
     @overload
     def create_chat_completion(self, messages: Sequence[Message], max_tokens: int | None = ...,
@@ -274,17 +277,21 @@ class Model:
                                should_stop: Callable[[], bool] | None = ...,
                                lookup: "bool | LookupParams | None" = ..., logprobs: bool = ...,
                                top_logprobs: int | None = ..., grammar: Grammar | None = ...,
-                               response_format: dict | None = ...) -> Iterator[ChatCompletionChunk]: ...
+                               response_format: dict | None = ..., tools: Sequence[dict] | None = ...,
+                               tool_choice: str | dict | None = ...) -> Iterator[ChatCompletionChunk]: ...
 
     def create_chat_completion(self, messages, max_tokens=None, temperature=0.2, top_p=0.95, top_k=40, min_p=0.05,
                                repeat_penalty=1.0, repeat_last_n=64, frequency_penalty=0.0, presence_penalty=0.0,
                                stop=None, seed=None, stream=False, should_stop=None, lookup=None, logprobs=False,
-                               top_logprobs=None, grammar=None, response_format=None):
+                               top_logprobs=None, grammar=None, response_format=None, tools=None, tool_choice=None):
         """The assistant's answer to messages ([{"role": "user", "content": "..."}, ...]) in the
         model's chat template. The defaults are llama-cpp-python's; the rest as create_completion.
         The KV cache keeps the conversation: the next turn feeds only what is new. logprobs,
         top_logprobs: OpenAI's (top_logprobs, 0 to 20, needs logprobs). response_format: OpenAI's
-        ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"schema": ...}}), or grammar."""
+        ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"schema": ...}}), or grammar.
+        tools, tool_choice: OpenAI's function tools (engine/tools.py); calls the answer makes are in
+        message.tool_calls (finish_reason "tool_calls"); "required" or a named function constrains
+        the answer to such a call."""
         params = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, frequency_penalty,
                            presence_penalty, seed)
         if not isinstance(logprobs, bool):
@@ -300,9 +307,18 @@ class Model:
             if asked is not None and constraint is not None:
                 raise InputError("response_format and grammar: give one of them, not both")
             constraint = constraint or asked
-        chunks = self._run(self.chat_prompt(messages), max_tokens, params, seed, _stops(stop), (), should_stop,
-                           lookup, top=top, grammar=constraint)
-        answer = _as_chat(chunks)
+        checked = tool_calls.check_tools(list(tools)) if tools is not None else None
+        choice = tool_calls.check_tool_choice(tool_choice, checked)
+        if choice not in (None, "auto", "none"):
+            if constraint is not None:
+                raise InputError(f"tool_choice {choice!r} constrains the answer to a call: give no response_format "
+                                 "or grammar with it")
+            constraint = tool_calls.call_grammar(checked, choice, self._need_tokenizer())
+        prompt = self.chat_prompt(messages, checked if choice != "none" else None)
+        chunks = self._run(prompt, max_tokens, params, seed, _stops(stop), (), should_stop, lookup, top=top,
+                           grammar=constraint)
+        names = [t["function"]["name"] for t in checked] if choice not in (None, "none") else None
+        answer = _as_chat(chunks, names)
         if stream:
             return _Stream(self, answer)
         return _collect_chat(_Stream(self, answer))
@@ -504,9 +520,16 @@ def _message_dicts(messages: Sequence[Message]) -> list[dict]:
     out = []
     for i, m in enumerate(messages):
         if isinstance(m, ChatMessage):
-            m = {"role": m.role, "content": m.content}
+            m = {"role": m.role, "content": m.content, **({"tool_calls": [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in m.tool_calls]} if m.tool_calls else {})}
+        calls = isinstance(m, Mapping) and m.get("role") == "assistant" and m.get("tool_calls")
+        if calls and m.get("content") is None:  # an assistant's turn of tool calls alone
+            m = {**m, "content": ""}
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise InputError(f"message {i} must have a role and a content, both strings; got {m!r}")
+        if calls and (not isinstance(calls, list) or not all(isinstance(c, Mapping) for c in calls)):
+            raise InputError(f"message {i}: tool_calls must be a list of calls, got {calls!r}")
         out.append(dict(m))
     if not out:
         raise InputError("the conversation has no messages")
@@ -521,11 +544,22 @@ def _token_ids(chunks: Iterator[CompletionChunk]) -> Iterator[int]:
         chunks.close()
 
 
-def _as_chat(chunks: Iterator[CompletionChunk]) -> Iterator[ChatCompletionChunk]:
+def _as_chat(chunks: Iterator[CompletionChunk], tool_names=None) -> Iterator[ChatCompletionChunk]:
+    """tool_names: the answer may call these tools: text from the first call on is held back and
+    parsed at the end, into the last chunk's tool_calls."""
+    held = tool_calls.CallStream(tool_names) if tool_names is not None else None
     try:
         for c in chunks:
-            yield ChatCompletionChunk(c.id.replace("cmpl-", "chatcmpl-", 1), c.created, c.model, c.text, c.tokens,
-                                      c.stop_reason, c.usage, c.timings, c.logprobs)
+            text, made, reason = c.text, None, c.stop_reason
+            if held is not None:
+                text = held.feed(c.text)
+                if c.stop_reason is not None:
+                    rest, made = held.finish()
+                    text += rest
+                    made = made or None
+                    reason = "tool_calls" if made and c.stop_reason in ("eos", "stop") else reason
+            yield ChatCompletionChunk(c.id.replace("cmpl-", "chatcmpl-", 1), c.created, c.model, text, c.tokens,
+                                      reason, c.usage, c.timings, c.logprobs, made)
     finally:
         chunks.close()
 
@@ -549,5 +583,7 @@ def _collect_chat(chunks: Iterator[ChatCompletionChunk]) -> ChatCompletion:
         if c.logprobs is not None:
             logprobs = [] if logprobs is None else logprobs
             logprobs += c.logprobs
-    return ChatCompletion(c.id, c.created, c.model, ChatMessage("assistant", "".join(text)), tokens, c.stop_reason,
-                          c.usage, c.timings, logprobs)
+    content = "".join(text)
+    message = (ChatMessage("assistant", content or None, c.tool_calls) if c.tool_calls
+               else ChatMessage("assistant", content))
+    return ChatCompletion(c.id, c.created, c.model, message, tokens, c.stop_reason, c.usage, c.timings, logprobs)

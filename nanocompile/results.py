@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 # why generation stopped -> OpenAI's finish_reason
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
-                  "interrupted": "interrupted"}
+                  "interrupted": "interrupted", "tool_calls": "tool_calls"}
 
 
 @dataclass(frozen=True)
@@ -93,9 +93,18 @@ class CompletionChunk:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A call the model made of one of the request's tools."""
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    role: str       # "system", "user" or "assistant"
-    content: str
+    role: str       # "system", "user", "assistant" or "tool"
+    content: str | None
+    tool_calls: list[ToolCall] | None = None  # the assistant's calls (then content may be None)
 
 
 @dataclass(frozen=True)
@@ -127,6 +136,7 @@ class ChatCompletionChunk:
     usage: Usage | None = None
     timings: Timings | None = None
     logprobs: list[TokenLogprob] | None = None
+    tool_calls: list[ToolCall] | None = None  # in the last chunk, the calls the answer made
 
     @property
     def finish_reason(self) -> str | None:

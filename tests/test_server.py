@@ -109,6 +109,30 @@ def test_openai_logprobs_and_several_choices(real_server, reference):
     assert "".join(legacy.choices[0].logprobs.tokens) == text.text
 
 
+def test_a_two_turn_tool_loop_with_the_openai_client(real_server):
+    """The model asks for the weather through the template's <tool_call>; the client runs the tool
+    and sends the answer back as a `tool` message; the model answers with it. Streamed, the call
+    arrives as a tool_calls delta."""
+    c = client(real_server)
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = c.chat.completions.create(model="x", messages=messages, tools=[WEATHER], max_tokens=60, **GREEDY)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] == "Paris"
+    messages += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "18 degrees Celsius, sunny"}]
+    second = c.chat.completions.create(model="x", messages=messages, tools=[WEATHER], tool_choice="none",
+                                       max_tokens=60, **GREEDY)
+    assert second.choices[0].finish_reason == "stop" and "18" in second.choices[0].message.content
+    chunks = list(c.chat.completions.create(model="x", messages=messages[:1], tools=[WEATHER], max_tokens=60,
+                                            stream=True, **GREEDY))
+    deltas = [d for ch in chunks if ch.choices for d in ch.choices[0].delta.tool_calls or []]
+    assert deltas[0].function.name == "get_weather"
+    assert json.loads("".join(d.function.arguments for d in deltas)) == json.loads(call.function.arguments)
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+
+
 def test_structured_output_with_the_openai_clients_parse(real_server):
     """OpenAI's client.chat.completions.parse with a pydantic model sends a strict json_schema
     response_format and parses the answer into the model: it parses, and validates."""
@@ -248,8 +272,29 @@ def post(server, path, body, **kw):
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role: Input should be"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages.0.content"),
+    # tools
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
-     "tools are not supported"),
+     "tools.0: {\"type\": \"function\", \"function\""),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+     "tools.0.function.parameters: an object schema"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+            "a": {"type": "integerx"}}}}}]}, "tools.0.function.parameters: Invalid type: integerx"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [
+        {"type": "function", "function": {"name": "has space"}}]}, "tools.0.function.name: 1 to 64 letters"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [
+        {"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {
+            "name": "g"}}}, "tool_choice: no function named 'g' in tools (f)"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
+     "tool_choice: 'required' needs tools"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [
+        {"type": "function", "function": {"name": "f"}}], "tool_choice": "always"}, "tool_choice: auto, none"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [
+        {"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+        "response_format": {"type": "json_object"}}, "makes the answer a call: send no response_format"),
+    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}], "tools": "f"},
+     "tools: Input should be a valid list"),
     # constrained decoding: a schema or grammar llguidance cannot compile, named by its field
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {
         "type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "objectx"}}}},
@@ -339,6 +384,43 @@ def test_several_choices_each_with_its_seed_and_their_log_probabilities(serve_ti
         assert [e["token"] for e in streamed] == [e["token"] for e in c["logprobs"]["content"]]
         assert all(abs(a["logprob"] - b["logprob"]) < 1e-5 for a, b in zip(streamed, c["logprobs"]["content"]))
     assert events[-1]["choices"] == [] and events[-1]["usage"] == whole["usage"]
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city"], "additionalProperties": False}}}
+CLOCK = {"type": "function", "function": {"name": "now", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 14}},
+    "required": ["zone"], "additionalProperties": False}}}
+
+
+def test_a_required_tool_call_always_parses_and_matches_its_parameters(serve_tiny):
+    """tool_choice required or named: the grammar makes the answer a call of an allowed function
+    whose arguments match its schema, for every seed of noise from the random model, whole and
+    streamed (one delta per call, joined by the client)."""
+    import jsonschema
+
+    server = serve_tiny()
+    params = {f["function"]["name"]: f["function"]["parameters"] for f in (WEATHER, CLOCK)}
+    for seed, choice in enumerate(["required"] * 4 + [{"type": "function", "function": {"name": "now"}}] * 2):
+        body = {"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER, CLOCK], "tool_choice": choice,
+                "max_tokens": 120, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": seed}
+        got = post(server, "/v1/chat/completions", body).json()["choices"][0]
+        assert got["finish_reason"] == "tool_calls" and got["message"]["content"] is None, got
+        (call,) = got["message"]["tool_calls"]
+        assert call["type"] == "function" and call["id"].startswith("call_")
+        if isinstance(choice, dict):
+            assert call["function"]["name"] == "now"
+        jsonschema.validate(json.loads(call["function"]["arguments"]), params[call["function"]["name"]])
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        deltas = [d for e in events for d in e["choices"][0]["delta"].get("tool_calls", [])]
+        assert [(d["function"]["name"], d["function"]["arguments"]) for d in deltas] == [
+            (call["function"]["name"], call["function"]["arguments"])]
+        assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+        assert not "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
 
 
 def test_tokenize_detokenize_and_metrics(serve_tiny, tiny_chat_model):

@@ -153,10 +153,12 @@ class Tokenizer:
         # a character outside the byte-level alphabet (a damaged vocabulary) stands for itself
         return b"".join(bytes([_BYTE_DECODER[c]]) if c in _BYTE_DECODER else c.encode("utf-8") for c in piece)
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> str:
+        """tools: OpenAI's function tools, as transformers hands them to the template."""
         if not self.chat_template:
             raise ModelError("this model has no chat template")
-        return render_template(self.chat_template, messages, add_generation_prompt,
+        return render_template(self.chat_template, messages, add_generation_prompt, tools=tools,
                                bos_token=self._token_text(self.bos_id),
                                eos_token=self._token_text(self.eos_ids[0] if self.eos_ids else None))
 
@@ -166,7 +168,7 @@ class Tokenizer:
         return self.backend.id_to_token(token_id) or ""
 
 
-def render_template(template: str, messages: list[dict], add_generation_prompt: bool, **extra) -> str:
+def render_template(template: str, messages: list[dict], add_generation_prompt: bool, tools=None, **extra) -> str:
     """Renders a chat template the way transformers does: a sandboxed jinja2 environment with
     trim_blocks and lstrip_blocks, a tojson filter and raise_exception."""
     from jinja2 import TemplateError
@@ -184,7 +186,7 @@ def render_template(template: str, messages: list[dict], add_generation_prompt: 
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
         return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                tools=None, documents=None, **extra)
+                                                tools=tools, documents=None, **extra)
     except TemplateError as e:
         raise ModelError(f"chat template failed: {e}") from None
 

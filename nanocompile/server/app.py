@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..api import Model
 from ..engine import constrain
+from ..engine import tools as tool_calls
 from ..engine.checks import check_tokens
 from ..engine.sampling import SamplingParams
 from ..errors import ContextFullError, InputError, ModelError, NanocompileError
@@ -225,17 +226,32 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
     @app.post("/v1/chat/completions", responses=responses(schemas.ChatCompletion, 400, *key_errors, 413, 500, 503,
                                                           stream=True))
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
-        def prompt_ids() -> tuple[list[int], list[int]]:
-            return model.chat_prompt([m.as_dict() for m in body.messages]), []
+        try:
+            tools = tool_calls.check_tools(body.tools) if body.tools is not None else None
+            choice = tool_calls.check_tool_choice(body.tool_choice, tools)
+            forced = None
+            if choice not in (None, "auto", "none"):  # the answer is a call: its grammar
+                if any(v is not None for v in body.constraint().values()):
+                    raise InputError(f"tool_choice {choice!r} makes the answer a call: send no response_format, "
+                                     "json_schema, grammar or format with it")
+                forced = await run_in_threadpool(tool_calls.call_grammar, tools, choice, model.tokenizer)
+        except InputError as e:
+            return error_response(400, str(e), param="tools")
+        names = [t["function"]["name"] for t in tools] if choice not in (None, "none") else None
 
-        return await answer(request, body, prompt_ids, body.token_limit(), fmt.chat_body, fmt.chat_events,
-                            chat=True)
+        def prompt_ids() -> tuple[list[int], list[int]]:
+            return model.chat_prompt([m.as_dict() for m in body.messages], tools if choice != "none" else None), []
+
+        return await answer(request, body, prompt_ids, body.token_limit(),
+                            lambda results, piece: fmt.chat_body(results, piece, names), fmt.chat_events,
+                            chat=True, forced=forced, tool_names=names)
 
     def piece(token: int) -> bytes:
         return model.tokenizer.token_bytes(token)
 
     async def answer(request: Request, body: CompletionRequest | ChatRequest, prompt_ids: Callable,
-                     max_tokens: int | None, whole: Callable, events: Callable, chat: bool = False) -> Response:
+                     max_tokens: int | None, whole: Callable, events: Callable, chat: bool = False,
+                     forced: constrain.Grammar | None = None, tool_names=None) -> Response:
         """Checks, tokenizes and queues a request; answers with one JSON body or a stream. n
         choices run one after another (the later ones find the prompt in the cache), choice i
         with seed + i where the request has a seed."""
@@ -243,7 +259,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
             return error_response(400, problem)
         try:
             kwargs = sampling_kwargs(body)
-            grammar = await run_in_threadpool(constrain.from_request, **body.constraint())  # compiling it may take a while
+            grammar = forced or await run_in_threadpool(constrain.from_request, **body.constraint())  # may take a while
             if grammar is not None:
                 await run_in_threadpool(constrain.check_satisfiable, grammar, model.tokenizer, model.n_vocab)
             ids, stop_token_ids = await run_in_threadpool(prompt_ids)  # tokenizing is not for the event loop
@@ -284,7 +300,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
             return error_response(503, "the server is shutting down", "server_error")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         if body.stream:
-            return EventStream(sse(job, events, include_usage, chat))
+            return EventStream(sse(job, events, include_usage, chat, tool_names))
         return await whole_answer(job, request, whole)
 
     async def whole_answer(job: Job, request: Request, whole: Callable) -> Response:
@@ -306,8 +322,8 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         except NanocompileError as e:
             return error_response(500, str(e), "server_error")
 
-    async def sse(job: Job, events: Callable, include_usage: bool, chat: bool) -> AsyncIterator[str]:
-        state, last = fmt.StreamState(), None
+    async def sse(job: Job, events: Callable, include_usage: bool, chat: bool, tool_names=None) -> AsyncIterator[str]:
+        state, last = fmt.StreamState(tool_names), None
         try:
             async for choice in job:
                 for event in events(choice, state, piece):

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..results import Completion, CompletionChunk, Timings, TokenLogprob, Usage
+from ..engine.tools import CallStream, parse_calls
+from ..results import Completion, CompletionChunk, Timings, TokenLogprob, ToolCall, Usage
 
 Piece = Callable[[int], bytes]
 
@@ -93,10 +94,23 @@ def completion_body(results: Sequence[Completion], piece: Piece) -> dict:
     return {"object": "text_completion", "choices": choices, **_answer_head(results)}
 
 
-def chat_body(results: Sequence[Completion], piece: Piece) -> dict:
-    choices = [{"index": i, "message": {"role": "assistant", "content": r.text},
-                "logprobs": chat_logprobs(r.logprobs, piece), "finish_reason": r.finish_reason}
-               for i, r in enumerate(results)]
+def tool_calls_json(calls: Sequence[ToolCall], indexed: bool = False) -> list[dict]:
+    return [{**({"index": i} if indexed else {}), "id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}} for i, c in enumerate(calls)]
+
+
+def _finish(reason: str, calls) -> str:
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
+def chat_body(results: Sequence[Completion], piece: Piece, tool_names=None) -> dict:
+    """tool_names: the request's tools; each answer's calls of them become its tool_calls."""
+    choices = []
+    for i, r in enumerate(results):
+        content, calls = parse_calls(r.text, tool_names) if tool_names else (r.text, [])
+        message = {"role": "assistant", "content": content, **({"tool_calls": tool_calls_json(calls)} if calls else {})}
+        choices.append({"index": i, "message": message, "logprobs": chat_logprobs(r.logprobs, piece),
+                        "finish_reason": _finish(r.finish_reason, calls)})
     head = _answer_head(results)
     return {**head, "id": chat_id(head["id"]), "object": "chat.completion", "choices": choices}
 
@@ -107,10 +121,12 @@ class StreamState:
     """What a stream remembers between chunks: which choices have begun, each one's characters so
     far (for text_offset), and the usage of those that have ended."""
 
-    def __init__(self):
+    def __init__(self, tool_names=None):
         self.begun: set[int] = set()
         self.offsets: dict[int, int] = {}
         self.usages: list[Usage] = []
+        self.tool_names = tool_names
+        self.calls: dict[int, CallStream] = {}  # per choice, where the answer may call tools
 
     def usage_event(self, head: dict) -> dict:
         return {**head, "choices": [], "usage": usage_json(total_usage(self.usages))}
@@ -151,11 +167,20 @@ def chat_events(choice: Choice, state: StreamState, piece: Piece) -> list[dict]:
     if choice.index not in state.begun:
         state.begun.add(choice.index)
         events.append(event({"role": "assistant", "content": ""}))
-    if c.text or c.logprobs:
-        events.append(event({"content": c.text}, chat_logprobs(c.logprobs, piece)))
+    text, calls = c.text, []
+    if state.tool_names:  # text that may be a call waits until the end
+        held = state.calls.setdefault(choice.index, CallStream(state.tool_names))
+        text = held.feed(c.text)
+        if c.stop_reason is not None:
+            rest, calls = held.finish()
+            text += rest
+    if text or c.logprobs:
+        events.append(event({"content": text}, chat_logprobs(c.logprobs, piece)))
+    if calls:  # each call whole in one delta: OpenAI's clients join the argument pieces they get
+        events.append(event({"tool_calls": tool_calls_json(calls, indexed=True)}))
     if c.stop_reason is not None:
         state.usages.append(c.usage)
-        events.append({**event({}, finish=c.finish_reason), "timings": timings_json(c.timings)})
+        events.append({**event({}, finish=_finish(c.finish_reason, calls)), "timings": timings_json(c.timings)})
     return events
 
 

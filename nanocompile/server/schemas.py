@@ -102,15 +102,38 @@ class TextPart(BaseModel):
     text: Text
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: StrictStr
+    arguments: Text  # JSON text, as OpenAI sends it
+
+
+class ToolCallIn(BaseModel):
+    """An assistant's earlier call, sent back in the conversation."""
+    model_config = ConfigDict(extra="ignore")
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant's
+    tool_call_id: StrictStr | None = None       # a tool's answer: the call it answers
 
     def as_dict(self) -> dict:
         text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
         # OpenAI's newer name for the system message
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+        out = {"role": "system" if self.role == "developer" else self.role, "content": text}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.function.name,
+                                                                               "arguments": c.function.arguments}}
+                                 for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 class ChatRequest(Sampling):
@@ -119,14 +142,13 @@ class ChatRequest(Sampling):
     max_completion_tokens: Annotated[StrictInt, Field(ge=0)] | None = None  # OpenAI's newer name
     logprobs: StrictBool = False
     top_logprobs: TopLogprobs | None = None
-    tools: list | None = None
+    tools: list | None = None               # OpenAI's function tools (engine/tools.py)
+    tool_choice: StrictStr | dict | None = None
     response_format: dict | None = None
 
     def unsupported(self) -> str | None:
         if self.top_logprobs is not None and not self.logprobs:
             return "top_logprobs needs logprobs: true"
-        if self.tools:
-            return "tools are not supported"
         return super().unsupported()
 
     def constraint(self) -> dict:
@@ -185,7 +207,7 @@ class Timings(BaseModel):
     draft_n_accepted: int | None = None
 
 
-FinishReason = Literal["stop", "length", "interrupted"]
+FinishReason = Literal["stop", "length", "interrupted", "tool_calls"]
 
 
 class CompletionLogprobs(BaseModel):
@@ -218,9 +240,21 @@ class Completion(Answer):
     choices: list[CompletionChoice]
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCallOut
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class TopLogprob(BaseModel):
