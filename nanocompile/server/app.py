@@ -14,6 +14,7 @@ import hmac
 import json
 import time
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import AsyncIterator, Callable
 
 import anyio
@@ -21,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..api import Model
@@ -38,6 +39,7 @@ from .schemas import ChatRequest, CompletionRequest, Sampling
 from .worker import Engine, Job, QueueFull, ShuttingDown
 
 MAX_BODY = 8 << 20
+CHAT_PAGE = (Path(__file__).parent / "chat.html").read_text(encoding="utf-8")
 KEYED = ("/tokenize", "/detokenize")  # outside /v1/, also behind the API key (/health, /metrics stay open)
 
 # the errors each endpoint can answer, for the OpenAPI document
@@ -177,6 +179,11 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
         # a bug: still OpenAI's JSON for the client (and Starlette still logs the traceback)
         return error_response(500, _internal(exc), "server_error")
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def chat_page() -> HTMLResponse:
+        """A chat in the browser: one static page, no assets from elsewhere (chat.html)."""
+        return HTMLResponse(CHAT_PAGE)
 
     @app.get("/health", responses=responses(schemas.Health))
     async def health() -> dict:
