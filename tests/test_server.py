@@ -133,6 +133,29 @@ def test_a_two_turn_tool_loop_with_the_openai_client(real_server):
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
 
 
+def test_langchains_openai_client_calls_a_tool(real_server):
+    """An agent framework's OpenAI-compatible client: LangChain's ChatOpenAI with a bound tool gets
+    the call as its own tool_calls, then answers from the tool's result."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        return "18 degrees Celsius, sunny"
+
+    llm = ChatOpenAI(base_url=real_server + "/v1", api_key=KEY, model="x", temperature=0, max_tokens=60,
+                     max_retries=0, timeout=300)
+    question = HumanMessage("What is the weather in Paris?")
+    asked = llm.bind_tools([get_weather]).invoke([question])
+    (call,) = asked.tool_calls
+    assert call["name"] == "get_weather" and call["args"]["city"] == "Paris"
+    answer = llm.bind_tools([get_weather], tool_choice="none").invoke(
+        [question, asked, ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])])
+    assert "18" in answer.content and not answer.tool_calls
+
+
 def test_structured_output_with_the_openai_clients_parse(real_server):
     """OpenAI's client.chat.completions.parse with a pydantic model sends a strict json_schema
     response_format and parses the answer into the model: it parses, and validates."""
