@@ -4,7 +4,8 @@ llguidance (what nanocompile uses, engine/constrain.py) against xgrammar where i
 apache-tvm-ffi, and put DIR on PYTHONPATH). For each JSON schema, a valid document in the
 separators both are told to use is tokenized by the model's tokenizer; each library compiles the
 schema, then for every token computes the mask of allowed tokens and takes the token. Times per
-token: median and maximum of the mask, over --rounds passes; compile once per round.
+token: median and maximum of the mask, over --rounds passes; compile once per round. Then, end to
+end, what the masks cost generation on the default model (native) against its decode step.
 
     python -m bench.probes.grammar_masks [--rounds 5]     # prints a table; appends to bench/results.jsonl
 """
@@ -105,7 +106,34 @@ def main() -> None:
             m = results[f"{engine}/{name}"]
             print(f"{engine:>10} {name:>7}: {len(ids):3d} tokens, mask median {m['mask_s']['median'] * 1e3:.3f} ms, "
                   f"max {m['mask_s']['max'] * 1e3:.3f} ms; compile median {m['compile_s']['median'] * 1e3:.1f} ms")
+    results["end_to_end"] = end_to_end(args.rounds)
     append({"bench": "grammar_masks", "rounds": args.rounds, "n_vocab": n_vocab, "results": results})
+
+
+def end_to_end(rounds: int) -> dict:
+    """The default model (native, this CPU's library, 2 threads) answering under each schema: the
+    time generation waited for masks per token (what they cost beyond what ran beside the step)
+    against the decode time per token."""
+    import nanocompile
+    from nanocompile import Grammar
+
+    model = nanocompile.load("default", n_threads=2)
+    waits, steps = [], []
+    for _ in range(rounds):
+        for name, (schema, _) in SCHEMAS.items():
+            model.reset()
+            out = model.create_chat_completion([{"role": "user", "content": f"An example {name} object as JSON."}],
+                                               grammar=Grammar.json_schema(schema), max_tokens=60, temperature=0)
+            n = max(len(out.tokens) - 1, 1)
+            waits.append(out.timings.mask_seconds / len(out.tokens))
+            steps.append(out.timings.decode_seconds / n)
+    share = sorted(w / s for w, s in zip(waits, steps))
+    result = {"precision": model.precision, "mask_wait_s": summary(waits), "decode_step_s": summary(steps),
+              "share_of_step": summary(share)}
+    print(f"end to end ({model.precision}): masks waited {result['mask_wait_s']['median'] * 1e3:.3f} ms a token, "
+          f"a decode step {result['decode_step_s']['median'] * 1e3:.1f} ms: "
+          f"{result['share_of_step']['median'] * 100:.2f}% (max {result['share_of_step']['max'] * 100:.2f}%)")
+    return result
 
 
 if __name__ == "__main__":

@@ -36,11 +36,13 @@ def total_usage(usages: Sequence[Usage]) -> Usage:
 
 
 def timings_json(t: Timings) -> dict:
-    """llama.cpp server's names: prompt_n counts the tokens fed (not those reused from the cache)."""
+    """llama.cpp server's names: prompt_n counts the tokens fed (not those reused from the cache);
+    grammar_ms (ours): the time generation waited for a grammar's masks."""
     return {"prompt_n": t.prompt_tokens, "prompt_ms": t.prompt_seconds * 1e3, "prompt_per_second": t.prompt_tps,
             "cache_n": t.cached_tokens, "predicted_n": t.generated_tokens, "predicted_ms": t.decode_seconds * 1e3,
             "predicted_per_second": t.decode_tps,
-            **({"draft_n": t.drafted_tokens, "draft_n_accepted": t.accepted_tokens} if t.drafted_tokens else {})}
+            **({"draft_n": t.drafted_tokens, "draft_n_accepted": t.accepted_tokens} if t.drafted_tokens else {}),
+            **({"grammar_ms": t.mask_seconds * 1e3} if t.mask_seconds else {})}
 
 
 def chat_id(completion_id: str) -> str:

@@ -205,6 +205,7 @@ class Timings(BaseModel):
     predicted_per_second: float
     draft_n: int | None = None
     draft_n_accepted: int | None = None
+    grammar_ms: float | None = None
 
 
 FinishReason = Literal["stop", "length", "interrupted", "tool_calls"]
