@@ -214,7 +214,7 @@ def tiny(tmp_path_factory):
 @pytest.mark.c
 def test_tune_command_records_replayable_searches(tiny):
     path, env, cache = tiny
-    budget = 40
+    budget = 20
     r = subprocess.run([*NC, "tune", "-q", "-m", path, "--budget", str(budget)], capture_output=True, text=True,
                        env=env, timeout=600)
     assert r.returncode == 0, r.stderr
@@ -238,7 +238,7 @@ def test_tune_command_records_replayable_searches(tiny):
     info = subprocess.run([*NC, "info"], capture_output=True, text=True, env=env, timeout=120)
     assert "tuned schedules" in info.stdout and str(files[0]) in info.stdout
     # int8's kernels join the same file under their own names; f32's results stay
-    r = subprocess.run([*NC, "tune", "-q", "-m", path, "--precision", "int8", "--budget", "20"], capture_output=True,
+    r = subprocess.run([*NC, "tune", "-q", "-m", path, "--precision", "int8", "--budget", "10"], capture_output=True,
                        text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr
     both = json.loads(files[0].read_text())["kernels"]
