@@ -41,10 +41,13 @@ _NEEDS = {"llama.cpp": ("llama_cpp", "llama-cpp-python (pip install '.[bench]')"
           "transformers": ("transformers", "transformers and torch (pip install '.[test]')")}
 
 
-# llama-cpp-python built with GGML_NATIVE=OFF and AVX, AVX2, FMA and F16C only, in an interpreter of
-# its own (docs/BENCHMARKS.md says how to make one): the AVX2 peer on a machine with AVX-512
+# llama-cpp-python built otherwise, each in an interpreter of its own (docs/results/README.md says
+# how to make them): avx2, GGML_NATIVE=OFF with AVX, AVX2, FMA and F16C only (the AVX2 peer on a
+# machine with AVX-512); noamx, every extension this CPU has but AMX (whose matrix product crashes
+# on the Xeons here, bench/support/peer.open_llama), so that repacking stays on
 AVX2_PYTHON = "NANOCOMPILE_BENCH_AVX2_PYTHON"
-BUILDS = {"nanocompile": ("x86-64-v3", "x86-64-v4", "x86-64-v3+vnni", "x86-64-v4+vnni"), "llama.cpp": ("avx2",)}
+PEER_PYTHONS = {"avx2": AVX2_PYTHON, "noamx": "NANOCOMPILE_BENCH_NOAMX_PYTHON"}
+BUILDS = {"nanocompile": ("x86-64-v3", "x86-64-v4", "x86-64-v3+vnni", "x86-64-v4+vnni"), "llama.cpp": tuple(PEER_PYTHONS)}
 
 
 def engine_named(name: str) -> Engine:
@@ -67,8 +70,8 @@ def launch(engine: Engine) -> tuple[str, dict]:
     """The interpreter a worker of this engine runs in and what its environment adds."""
     if engine.build and engine.family == "nanocompile":
         return sys.executable, {"NANOCOMPILE_MARCH": engine.build}
-    if engine.build == "avx2":
-        return os.environ[AVX2_PYTHON], {}
+    if engine.build in PEER_PYTHONS:
+        return os.environ[PEER_PYTHONS[engine.build]], {}
     return sys.executable, {}
 
 
@@ -86,10 +89,10 @@ def missing(engine: Engine) -> str | None:
         lacking = sorted(set(level_flags(engine.build)) - cpu_flags())
         if lacking:
             return f"this CPU cannot run {engine.build} code: it lacks {', '.join(lacking)}"
-    if engine.build == "avx2":
-        python = os.environ.get(AVX2_PYTHON)
+    if engine.build in PEER_PYTHONS:
+        python = os.environ.get(PEER_PYTHONS[engine.build])
         if not python or not os.path.exists(python):
-            return f"no AVX2-only llama-cpp-python: set {AVX2_PYTHON} to its interpreter"
+            return f"no llama-cpp-python built as {engine.build}: set {PEER_PYTHONS[engine.build]} to its interpreter"
         return None
     if engine.family == "nanocompile":
         if engine.weights not in nanocompile_precisions():
