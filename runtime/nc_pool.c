@@ -25,8 +25,9 @@
  * halving the threads for them cost 1.2-1.4x of a 2-thread prefill; and the process
  * was preempted since the last look: getrusage's involuntary context switches), the pool halves
  * the number of threads that take chunks, at once, for a back-off time that doubles while it
- * keeps happening (20 ms to 1 s), then tries twice as many again. With a core taken by another
- * program, -t 2 settles on one thread on the free core instead of stalling on the shared one;
+ * keeps happening soon after the threads came back (20 ms to 1 s), then tries twice as many
+ * again. With a core taken by another program, -t 2 settles on one thread on the free core
+ * instead of stalling on the shared one;
  * more threads than cores settle on about as many threads as cores.
  *
  * Sharing a call costs a few cache-line transfers (~1 us here): a pass whose calls take less
@@ -63,6 +64,9 @@
 #define NC_GRAIN_SHARE_NS 20000 /* per call, on one thread */
 #define NC_BACKOFF_MIN_NS 20000000ull   /* 20 ms */
 #define NC_BACKOFF_MAX_NS 1000000000ull /* 1 s */
+/* a stall this soon after the threads came back means the core is still taken: the back-off
+ * doubles; a later one is a new, passing preemption: it starts again from the least */
+#define NC_PERSIST_NS 250000000ull /* 250 ms */
 
 struct nc_pool {
     _Alignas(64) _Atomic uint64_t work; /* the open call, its chunks, the next chunk (above) */
@@ -82,7 +86,7 @@ struct nc_pool {
     /* how many threads take chunks: fewer until hold_until after a stall (see above) */
     _Atomic uint64_t hold_until;
     pthread_mutex_t control; /* over these: */
-    uint64_t backoff, last_contention;
+    uint64_t backoff, restored_at; /* restored_at: when the threads last came back after a back-off */
     long preemptions;
     int small_calls; /* the calling thread's: the last pass's calls were too short to share */
     /* fixed at creation */
@@ -279,11 +283,14 @@ static void note_stall(nc_pool *p)
     if (seen != p->preemptions) {
         p->preemptions = seen;
         uint64_t now = now_ns();
-        if (now - p->last_contention > 2 * NC_BACKOFF_MAX_NS)
+        /* Doubling only while the contention persists: on a machine where something else runs
+         * now and then (seen: a shared VM's agent, a few percent of a core), sporadic stalls a
+         * second apart each doubled it before, to 1 s at half the threads, and decode ran 1.8x
+         * slower in stretches of half a second */
+        if (now - p->restored_at > NC_PERSIST_NS)
             p->backoff = NC_BACKOFF_MIN_NS;
         else if (p->backoff < NC_BACKOFF_MAX_NS)
             p->backoff *= 2;
-        p->last_contention = now;
         atomic_store_explicit(&p->hold_until, now + p->backoff, memory_order_relaxed);
         int taking = (int)atomic_load(&p->taking);
         if (taking > 1)
@@ -367,6 +374,7 @@ void nc_pool_run(nc_pool *p, int n_calls, nc_begin_fn begin, nc_chunk_fn run, vo
         pthread_mutex_lock(&p->control); /* the back-off is over: try twice as many threads */
         taking = min_int(2 * (int)atomic_load(&p->taking), p->n_threads);
         p->preemptions = preemptions();
+        p->restored_at = now_ns();
         set_taking(p, taking);
         pthread_mutex_unlock(&p->control);
     }
