@@ -53,14 +53,13 @@ def test_tiny_configs_are_bitwise_the_interpreters_compiled_order(name):
 
 
 def test_real_model_is_bitwise_the_interpreters_compiled_order(real_model, real_compiled):
-    """The shipped float32 library on the real model: the prompt's logits and two steps, bit
-    for bit the interpreter's in its "compiled" order."""
+    """The shipped float32 library on the real model: the prompt's logits and a step, bit for bit
+    the interpreter's in its "compiled" order (the tiny configs above take more steps)."""
     interp = InterpreterSession.from_weights(real_model.config, real_model.weights, n_ctx=64, order=library_order())
     ids = real_prompt_ids(real_model, "code")
     real_compiled.reset()
     assert np.array_equal(real_compiled.step(ids, all_logits=True), interp.step(ids, all_logits=True))
-    for t in (262, 421):
-        assert np.array_equal(real_compiled.step([t]), interp.step([t]))
+    assert np.array_equal(real_compiled.step([262]), interp.step([262]))
 
 
 @pytest.mark.parametrize("name", sorted(TINY))

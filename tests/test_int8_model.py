@@ -52,14 +52,14 @@ def test_int8_weights_are_llama_cpp_q8_0(real_model, int8_weights, tmp_path_fact
 
 def test_real_int8_library_is_bitwise_its_unscheduled_build(real_model, int8_weights, int8_compiled):
     """The shipped int8 library (fused, scheduled: VNNI or AVX2 dot products, packed weights, 2
-    threads) against the unfused, unscheduled int8 build: prompt, four steps and the KV cache."""
+    threads) against the unfused, unscheduled int8 build: prompt, two steps and the KV cache."""
     ids = real_prompt_ids(real_model, "code")
     plain = CompiledSession.from_weights(real_model.config, int8_weights, n_ctx=64, weights_key=real_model.key,
                             precision="int8", fuse=False, schedule=False)
     for s in (int8_compiled, plain):
         s.reset()
     assert np.array_equal(int8_compiled.step(ids, all_logits=True), plain.step(ids, all_logits=True))
-    for t in (13, 2, 999, 42):
+    for t in (13, 999):
         assert np.array_equal(int8_compiled.step([t]), plain.step([t]))
     for layer in (0, 11, 23):
         for a, b in zip(int8_compiled.read_cache(layer), plain.read_cache(layer)):

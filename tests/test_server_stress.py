@@ -65,7 +65,7 @@ def test_a_server_killed_mid_answer_restarts_on_its_cache_and_answers_the_same(r
 
 
 def test_a_short_soak_finds_nothing_wrong(real_compiled):
-    report = soak("default", clients=8, seconds=30, max_tokens=16, warmup_seconds=10, serve_args=SERVE)
+    report = soak("default", clients=8, seconds=20, max_tokens=16, warmup_seconds=5, serve_args=SERVE)
     assert not report["problems"], "\n".join(report["problems"][:20])
     counts = report["counts"]
     # not vacuous: every kind of client ran, and the model answered fill-in-the-middle

@@ -42,8 +42,11 @@ FIM = [("def area(radius):\n    ", "\n    return result\n")]
 BAD = [  # (body, status): what a confused or hostile client sends
     (b'{"prompt": "x", ', 400), (b"[1, 2]", 400), (b"", 400), (b'{"prompt": 5}', 400),
     (b'{"prompt": "x", "max_tokens": -1}', 400), (b'{"prompt": "x", "temperature": "hot"}', 400),
-    (b'{"messages": []}', 400), (b'{"prompt": [1, 99999999]}', 400), (b'{"prompt": "x", "n": 3}', 400),
+    (b'{"messages": []}', 400), (b'{"prompt": [1, 99999999]}', 400), (b'{"prompt": "x", "n": 9}', 400),
     (b'\xff\xfe{"prompt": "x"}', 400), (b'{"prompt": "x", "stream": "yes"}', 400),
+    (b'{"prompt": "x", "grammar": "root ::= ("}', 400), (b'{"prompt": "x", "json_schema": {"type": "objectx"}}', 400),
+    (b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": '
+     b'{"name": "f", "parameters": {"type": "string"}}}]}', 400),
 ]
 
 
