@@ -154,11 +154,13 @@ class Model:
     def chat_prompt(self, messages: Sequence[Message], tools: Sequence[dict] | None = None) -> list[int]:
         """The token ids of a conversation in the model's chat template, ending where the
         assistant's answer begins; tools: OpenAI's function tools, listed as the template lists them."""
+        return self._chat_ids(messages, tool_calls.check_tools(list(tools)) if tools is not None else None)
+
+    def _chat_ids(self, messages: Sequence[Message], checked_tools: list[dict] | None) -> list[int]:
         tok = self._need_tokenizer()
         if not tok.chat_template:
             raise InputError(f"{self.name} has no chat template; use create_completion")
-        checked = tool_calls.check_tools(list(tools)) if tools is not None else None
-        return tok.encode(tok.render_chat(tool_calls.template_messages(_message_dicts(messages)), tools=checked))
+        return tok.encode(tok.render_chat(tool_calls.template_messages(_message_dicts(messages)), tools=checked_tools))
 
     def fim_prompt(self, prefix: str, suffix: str) -> list[int]:
         """The token ids that ask the model for the text between prefix and suffix (fill in the
@@ -307,18 +309,17 @@ class Model:
             if asked is not None and constraint is not None:
                 raise InputError("response_format and grammar: give one of them, not both")
             constraint = constraint or asked
-        checked = tool_calls.check_tools(list(tools)) if tools is not None else None
-        choice = tool_calls.check_tool_choice(tool_choice, checked)
-        if choice not in (None, "auto", "none"):
+        tools_plan = tool_calls.plan(list(tools) if tools is not None else None, tool_choice,
+                                     self._need_tokenizer())
+        if tools_plan.grammar is not None:
             if constraint is not None:
-                raise InputError(f"tool_choice {choice!r} constrains the answer to a call: give no response_format "
-                                 "or grammar with it")
-            constraint = tool_calls.call_grammar(checked, choice, self._need_tokenizer())
-        prompt = self.chat_prompt(messages, checked if choice != "none" else None)
+                raise InputError(f"tool_choice {tools_plan.choice!r} constrains the answer to a call: give no "
+                                 "response_format or grammar with it")
+            constraint = tools_plan.grammar
+        prompt = self._chat_ids(messages, tools_plan.listed)
         chunks = self._run(prompt, max_tokens, params, seed, _stops(stop), (), should_stop, lookup, top=top,
                            grammar=constraint)
-        names = [t["function"]["name"] for t in checked] if choice not in (None, "none") else None
-        answer = _as_chat(chunks, names)
+        answer = _as_chat(chunks, tools_plan.names)
         if stream:
             return _Stream(self, answer)
         return _collect_chat(_Stream(self, answer))
@@ -357,9 +358,9 @@ class Model:
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         result = GenerationResult(0)
         bar = _PromptBar(result, getattr(self.session, "max_chunk", 0), self.progress)
-        pieces = stream(self.session, ids, max_tokens, choose=constrained or scored or sampler, stop_ids=stop_ids, stops=stops, tokenizer=tok,
-                        reuse_cache=True, should_stop=should_stop, on_prompt_chunk=bar.update, result=result,
-                        lookup=lookup)
+        pieces = stream(self.session, ids, max_tokens, choose=constrained or scored or sampler, stop_ids=stop_ids,
+                        stops=stops, tokenizer=tok, reuse_cache=True, should_stop=should_stop,
+                        on_prompt_chunk=bar.update, result=result, lookup=lookup)
         try:
             for piece in pieces:
                 bar.close()

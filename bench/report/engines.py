@@ -47,7 +47,8 @@ _NEEDS = {"llama.cpp": ("llama_cpp", "llama-cpp-python (pip install '.[bench]')"
 # on the Xeons here, bench/support/peer.open_llama), so that repacking stays on
 AVX2_PYTHON = "NANOCOMPILE_BENCH_AVX2_PYTHON"
 PEER_PYTHONS = {"avx2": AVX2_PYTHON, "noamx": "NANOCOMPILE_BENCH_NOAMX_PYTHON"}
-BUILDS = {"nanocompile": ("x86-64-v3", "x86-64-v4", "x86-64-v3+vnni", "x86-64-v4+vnni"), "llama.cpp": tuple(PEER_PYTHONS)}
+BUILDS = {"nanocompile": ("x86-64-v3", "x86-64-v4", "x86-64-v3+vnni", "x86-64-v4+vnni"),
+          "llama.cpp": tuple(PEER_PYTHONS)}
 
 
 def engine_named(name: str) -> Engine:

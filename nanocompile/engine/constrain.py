@@ -11,7 +11,6 @@ they are all that is."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -109,7 +108,8 @@ def from_request(response_format=None, json_schema=None, grammar=None, format=No
     refused: which one would win is not obvious."""
     given = [name for name, v in (("response_format", response_format), ("json_schema", json_schema),
                                   ("grammar", grammar), ("format", format)) if v is not None]
-    if response_format is not None and response_format.get("type", "text") == "text" and "schema" not in response_format:
+    plain_text = response_format is not None and response_format.get("type", "text") == "text"
+    if plain_text and "schema" not in response_format:
         given.remove("response_format")
     if len(given) > 1:
         raise InputError(f"{' and '.join(given)}: give one of them, not both")
@@ -173,15 +173,13 @@ class Constrained:
             raise InputError(f"the grammar: {self.matcher.get_error()}")
         self.words = (n_vocab + 31) // 32
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="nanocompile-grammar")
-        self._next: Future | None = None
-        self._lock = threading.Lock()
+        self._next: Future | None = None  # the next mask, computing; the matcher is never used by two threads at once
         self.mask_seconds = 0.0
         self.masks = 0
 
     def _compute(self) -> np.ndarray:
         bits = np.empty(self.words, np.uint32)
-        with self._lock:
-            self.matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        self.matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
         return np.unpackbits(bits.view(np.uint8), bitorder="little")[:self.n_vocab].astype(bool)
 
     def prefetch(self) -> None:
@@ -202,9 +200,8 @@ class Constrained:
         if not allowed.any():
             raise InputError(f"the grammar allows no token here ({self.matcher.get_error() or 'a dead end'})")
         token = self.choose(np.where(allowed, row, -np.inf).astype(np.float32))
-        with self._lock:
-            if not self.matcher.consume_token(token):
-                raise InputError(f"the grammar refused token {token}: {self.matcher.get_error()}")
+        if not self.matcher.consume_token(token):  # the mask it waited for has been computed
+            raise InputError(f"the grammar refused token {token}: {self.matcher.get_error()}")
         self.prefetch()
         return token
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from dataclasses import dataclass
 
 from ..errors import InputError
 from ..results import ToolCall
@@ -68,6 +69,33 @@ def check_tool_choice(choice, tools: list[dict] | None) -> str | None:
     if name not in names:
         raise InputError(f"tool_choice: no function named {name!r} in tools ({', '.join(names) or 'none given'})")
     return name
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a chat request's tools make of its answer: the checked tools, the choice, the tools
+    the prompt lists (none for "none"), the names whose calls are parsed back, and the grammar a
+    forced call ("required" or named) is held to."""
+    tools: list[dict] | None
+    choice: str | None
+    grammar: Grammar | None
+
+    @property
+    def listed(self) -> list[dict] | None:
+        return self.tools if self.choice != "none" else None
+
+    @property
+    def names(self) -> list[str] | None:
+        return [t["function"]["name"] for t in self.tools] if self.choice not in (None, "none") else None
+
+
+def plan(tools, tool_choice, tokenizer) -> ToolPlan:
+    """Checks a request's tools and tool_choice (naming the field at fault) and makes the grammar
+    of a forced call."""
+    checked = check_tools(tools) if tools is not None else None
+    choice = check_tool_choice(tool_choice, checked)
+    forced = choice not in (None, "auto", "none")
+    return ToolPlan(checked, choice, call_grammar(checked, choice, tokenizer) if forced else None)
 
 
 def call_grammar(tools: list[dict], choice: str, tokenizer) -> Grammar:

@@ -233,25 +233,20 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
     @app.post("/v1/chat/completions", responses=responses(schemas.ChatCompletion, 400, *key_errors, 413, 500, 503,
                                                           stream=True))
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
-        try:
-            tools = tool_calls.check_tools(body.tools) if body.tools is not None else None
-            choice = tool_calls.check_tool_choice(body.tool_choice, tools)
-            forced = None
-            if choice not in (None, "auto", "none"):  # the answer is a call: its grammar
-                if any(v is not None for v in body.constraint().values()):
-                    raise InputError(f"tool_choice {choice!r} makes the answer a call: send no response_format, "
-                                     "json_schema, grammar or format with it")
-                forced = await run_in_threadpool(tool_calls.call_grammar, tools, choice, model.tokenizer)
+        try:  # compiling a forced call's grammar may take a while: off the event loop
+            tools = await run_in_threadpool(tool_calls.plan, body.tools, body.tool_choice, model.tokenizer)
+            if tools.grammar is not None and any(v is not None for v in body.constraint().values()):
+                raise InputError(f"tool_choice {tools.choice!r} makes the answer a call: send no response_format, "
+                                 "json_schema, grammar or format with it")
         except InputError as e:
             return error_response(400, str(e), param="tools")
-        names = [t["function"]["name"] for t in tools] if choice not in (None, "none") else None
 
         def prompt_ids() -> tuple[list[int], list[int]]:
-            return model.chat_prompt([m.as_dict() for m in body.messages], tools if choice != "none" else None), []
+            return model.chat_prompt([m.as_dict() for m in body.messages], tools.listed), []
 
         return await answer(request, body, prompt_ids, body.token_limit(),
-                            lambda results, piece: fmt.chat_body(results, piece, names), fmt.chat_events,
-                            chat=True, forced=forced, tool_names=names)
+                            lambda results, piece: fmt.chat_body(results, piece, tools.names), fmt.chat_events,
+                            chat=True, forced=tools.grammar, tool_names=tools.names)
 
     def piece(token: int) -> bytes:
         return model.tokenizer.token_bytes(token)
@@ -337,7 +332,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                     yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
                 last = choice.item
             if include_usage and last is not None and state.usages:
-                yield f"data: {json.dumps(state.usage_event(fmt.usage_head(last, chat)), ensure_ascii=False)}\n\n"
+                yield f"data: {json.dumps(state.usage_event(fmt.chunk_head(last, chat)), ensure_ascii=False)}\n\n"
             yield "data: [DONE]\n\n"
         except ShuttingDown:
             yield _error_event("the server is shutting down")

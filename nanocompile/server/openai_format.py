@@ -146,8 +146,7 @@ def completion_events(choice: Choice, state: StreamState, piece: Piece) -> list[
     offset = state.offsets.get(choice.index, 0)
     logprobs = completion_logprobs(c.logprobs, piece, offset)
     state.offsets[choice.index] = offset + len(c.text)
-    head = {"id": c.id, "object": "text_completion", "created": c.created, "model": c.model}
-    event = {**head, "choices": [{"index": choice.index, "text": c.text, "logprobs": logprobs,
+    event = {**chunk_head(c, chat=False), "choices": [{"index": choice.index, "text": c.text, "logprobs": logprobs,
                                   "finish_reason": c.finish_reason}]}
     if c.stop_reason is None:
         return [event]
@@ -159,7 +158,7 @@ def chat_events(choice: Choice, state: StreamState, piece: Piece) -> list[dict]:
     """OpenAI's chunk order for each choice: the role first, then the content (with its tokens'
     log-probabilities, if asked for), then the finish reason."""
     c: CompletionChunk = choice.item
-    head = {"id": chat_id(c.id), "object": "chat.completion.chunk", "created": c.created, "model": c.model}
+    head = chunk_head(c, chat=True)
 
     def event(delta: dict, logprobs=None, finish=None) -> dict:
         return {**head, "choices": [{"index": choice.index, "delta": delta, "logprobs": logprobs,
@@ -186,8 +185,9 @@ def chat_events(choice: Choice, state: StreamState, piece: Piece) -> list[dict]:
     return events
 
 
-def usage_head(c: CompletionChunk, chat: bool) -> dict:
-    """The head of the last chunk, the usage of every choice (stream_options.include_usage)."""
+def chunk_head(c: CompletionChunk, chat: bool) -> dict:
+    """A stream chunk's id, object, created and model (the last chunk, with the usage of every
+    choice for stream_options.include_usage, has the same)."""
     if chat:
         return {"id": chat_id(c.id), "object": "chat.completion.chunk", "created": c.created, "model": c.model}
     return {"id": c.id, "object": "text_completion", "created": c.created, "model": c.model}
