@@ -157,7 +157,8 @@ PAIRED = {"Q4_K", "Q2_K"}
 def test_narrow_kernels_are_bitwise(march, name, columns, rows, monkeypatch):
     """Q4_K, Q3_K and Q2_K in 4 bits, Q5_K in 5, Q6_K in 6: nc_dot4u<bits> rebuilds each byte;
     the sum of the activations corrects an offset (Q6_K's 32, Q3_K's 4) once per sub-block, and
-    is what the sub-mins multiply. At 8 lanes the 4-bit quants without an offset are summed in
+    is what the sub-mins multiply: both read the sums nn.linear_k computes once per row, none is
+    added up again per column block (no nc_sum_i8). At 8 lanes the 4-bit quants without an offset are summed in
     int16 pairs (schedule/pairs.py) and multiplied by their sub-scales by vpmaddwd; row tiles read
     the bytes unpacked once per column block."""
     use_target(march, monkeypatch)
@@ -171,8 +172,31 @@ def test_narrow_kernels_are_bitwise(march, name, columns, rows, monkeypatch):
     paired = lanes == 8 and name in PAIRED
     assert (f"nc_dot4u{bits}p_{lanes}(" if paired else f"nc_dot4u{bits}_{lanes}(") in lib.source
     assert ("nc_pairs_mul_8(" in lib.source) == paired and ("nc_dot4usp_8(" in lib.source) == (paired and rows > 0)
-    assert ("nc_sum_i8(" in lib.source) == (offset > 0 or fmt.has_min)
+    assert "nc_sum_i8(" not in lib.source
     check_bitwise(lib, g, w, np.random.default_rng(8))
+
+
+def test_sums_operand_must_be_the_activations_sums():
+    """A matmul's xs operand stands for sums a kernel would add up itself: the interpreter
+    refuses a graph whose xs is anything else, for block_matmul and superblock_matmul alike."""
+    fmt, _, w = weights_of("Q6_K", seed=3)
+    b = GraphBuilder("sums")
+    x, other = b.input("x", [SEQ, 512]), b.input("other", [SEQ, 512])
+    xq, xd = nn.quantize_blocks(b, x, fmt.block)
+    wrong = nn.sub_block_sums(b, nn.quantize_blocks(b, other, fmt.block)[0], 512 // fmt.sub)
+    parts = [b.weight(p, list(w[p].shape), DTYPES[p]) for p in superblock_parts(fmt)]
+    b.output("y", b.superblock_matmul(xq, xd, *parts, xs=wrong))
+    xq8, xd8 = nn.quantize_blocks(b, x)
+    b.output("z", b.block_matmul(xq8, xd8, b.weight("q8", [8, 512], "i8"), b.weight("d8", [8, 16], "f16"),
+                                 nn.sub_block_sums(b, nn.quantize_blocks(b, other)[0], 16)))
+    g = b.finish()
+    rng = np.random.default_rng(4)
+    weights = dict(w, q8=rng.integers(-127, 128, (8, 512)).astype(np.int8), d8=np.ones((8, 16), np.float16))
+    feeds = {"x": activations(2, 512, rng), "other": activations(2, 512, rng)}
+    with pytest.raises(interpreter.InterpreterError, match="superblock_matmul: its sums operand"):
+        interpreter.run(g, {"seq": 2, "past": 0}, feeds, weights)
+    feeds["other"] = feeds["x"]
+    interpreter.run(g, {"seq": 2, "past": 0}, feeds, weights)  # the true sums: accepted
 
 
 def test_pair_sums_refuse_what_could_leave_int16():
@@ -203,13 +227,22 @@ def test_operands_are_checked():
     q256 = nn.quantize_blocks(b, x, 256)
     qs, sc = b.weight("qs", [8, 256], "i8"), b.weight("sc", [8, 8], "i8")
     d, mn = b.weight("d", [8, 1], "f16"), b.weight("mn", [8, 8], "i8")
-    with pytest.raises(IRError, match="wants 5 or 7 operands"):
+    with pytest.raises(IRError, match="wants i8, f32, i8, i8, f16, f32 operands"):  # a sixth is the sums
         b.superblock_matmul(*q256, qs, sc, d, mn)
     with pytest.raises(IRError, match="wants i8, f32, i8, i8, f16"):
         b.superblock_matmul(*q256, qs, d, d)
     with pytest.raises(IRError, match="sub-mins"):
         b.superblock_matmul(*q256, qs, sc, d, b.weight("mn2", [8, 4], "i8"), d)
     b.superblock_matmul(*q256, qs, sc, d, mn, d)  # Q4_K's shapes
+    b.superblock_matmul(*q256, qs, sc, d, mn, d, nn.sub_block_sums(b, q256[0], 8))  # and the activations' sums
+    b.superblock_matmul(*q256, qs, sc, d, xs=nn.sub_block_sums(b, q256[0], 8))  # sums without mins (Q6_K)
+    with pytest.raises(IRError, match="activation sums"):
+        b.superblock_matmul(*q256, qs, sc, d, mn, d, nn.sub_block_sums(b, q256[0], 4))
+    with pytest.raises(IRError, match="activation sums"):
+        b.block_matmul(xq, xd, b.weight("q8", [8, 256], "i8"), b.weight("d8", [8, 8], "f16"),
+                       nn.sub_block_sums(b, xq, 4))
+    with pytest.raises(IRError, match="wants i8, f32, i8, i8, f16, i8, f16, f32"):
+        b.superblock_matmul(*q256, qs, sc, d, mn, d, qs)
     with pytest.raises(IRError, match="activation scales"):
         b.superblock_matmul(xq, xd, qs, sc, d)  # activations in blocks of 32, not one scale per 256
     wide = b.input("wide", [SEQ, 512])

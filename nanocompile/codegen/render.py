@@ -11,7 +11,7 @@ import json
 import jinja2
 
 from ..ir.signature import identifier
-from ..loopir.ir import Poly, format_kernel
+from ..loopir.ir import Load, Poly, format_kernel
 from ..loopir.traverse import loops, walk
 from ..target import compiler_flags
 from .cexpr import C_TYPES, float_literal, statements
@@ -35,8 +35,15 @@ def kernel_data(k) -> dict:
     symbols = set().union(*(n.expr.symbols() for n in walk(k.body) if isinstance(n, Poly)))
     return {"name": k.name, "params": params, "comment": text.splitlines(),
             "body": statements(k.body, {p.name: p.dtype for p in k.params}),
-            "unused": [s for s in ("seq", "past") if s not in symbols],
+            "unused": [s for s in ("seq", "past") if s not in symbols] + unread_sums(k),
             "parallel": any(lp.parallel for lp in loops(k.body))}
+
+
+def unread_sums(k) -> list[str]:
+    """The activations' sums a kernel was given but reads nowhere (a scalar form, or weights
+    read without an offset): passed to every kernel of the matmul alike, so named unused."""
+    read = {n.param for n in walk(k.body) if isinstance(n, Load)}
+    return [p for _, _, p in k.sums if p not in read]
 
 
 def const_data(consts: dict) -> list[dict]:

@@ -70,7 +70,7 @@ def linear_q8(b: GraphBuilder, x: int, qs: int, d: int, bias: int | None = None)
     numbers): the activations quantized per row in blocks of 32, each block's products summed
     exactly in int32, then scaled and summed over blocks in float32 (block_matmul)."""
     xq, xd = quantize_blocks(b, x)
-    y = b.block_matmul(xq, xd, qs, d)
+    y = b.block_matmul(xq, xd, qs, d, sub_block_sums(b, xq, b.shape(d)[1].as_int()))
     if bias is not None:
         rows, cols = b.shape(y)
         y = b.add(y, expand(b, bias, [1, cols], [rows, cols]))
@@ -84,11 +84,21 @@ def linear_k(b: GraphBuilder, x: int, qs: int, sc: int, d: int, mn: int | None =
     blocks of the super-block's size (as ggml's Q8_K pairs with them), then superblock_matmul."""
     k = b.shape(qs)[1].as_int()
     xq, xd = quantize_blocks(b, x, k // b.shape(d)[1].as_int())
-    y = b.superblock_matmul(xq, xd, qs, sc, d, mn, dmin)
+    y = b.superblock_matmul(xq, xd, qs, sc, d, mn, dmin, sub_block_sums(b, xq, b.shape(sc)[1].as_int()))
     if bias is not None:
         rows, cols = b.shape(y)
         y = b.add(y, expand(b, bias, [1, cols], [rows, cols]))
     return y
+
+
+def sub_block_sums(b: GraphBuilder, xq: int, blocks: int) -> int:
+    """xq i8[rows, K] -> f32[rows, blocks]: the sum of each block of K / blocks values (whole
+    numbers of at most 256 * 128, exact in float32 in any order), a matmul's xs operand. Sub-mins
+    multiply them, and weights read as unsigned bytes subtract offset * them, for every column:
+    computed here once per row, not once per column block (schedule/unsigned.py)."""
+    rows, k = b.shape(xq)
+    parts = b.reshape(b.cast(xq, "f32"), [rows, blocks, k.as_int() // blocks])
+    return b.reshape(b.reduce_sum(parts, 2), [rows, blocks])
 
 
 def gather_q8(b: GraphBuilder, qs: int, d: int, ids: int, width: int) -> int:

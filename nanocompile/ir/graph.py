@@ -158,12 +158,12 @@ class GraphBuilder:
     def reduce_max(self, x: int, axis: int) -> int: return self._add("reduce_max", (x,), axis=int(axis))
     def matmul(self, a: int, b: int) -> int: return self._add("matmul", (a, b))
 
-    def block_matmul(self, xq: int, xd: int, wq: int, wd: int) -> int:
-        return self._add("block_matmul", (xq, xd, wq, wd))
+    def block_matmul(self, xq: int, xd: int, wq: int, wd: int, xs: int | None = None) -> int:
+        return self._add("block_matmul", (xq, xd, wq, wd) + ((xs,) if xs is not None else ()))
 
     def superblock_matmul(self, xq: int, xd: int, wq: int, sc: int, d: int, mn: int | None = None,
-                          dmin: int | None = None) -> int:
-        return self._add("superblock_matmul", (xq, xd, wq, sc, d) + tuple(a for a in (mn, dmin) if a is not None))
+                          dmin: int | None = None, xs: int | None = None) -> int:
+        return self._add("superblock_matmul", (xq, xd, wq, sc, d) + tuple(a for a in (mn, dmin, xs) if a is not None))
     def cast(self, x: int, dtype: str) -> int: return self._add("cast", (x,), dtype=dtype)
 
     def output(self, name: str, x: int) -> None:

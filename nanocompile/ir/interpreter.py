@@ -24,7 +24,7 @@ import numpy as np
 
 from .expr import evaluate_shape, shape_str
 from .graph import Graph, Node
-from .ops import QBLOCK
+from .ops import QBLOCK, superblock_parts
 
 NP_DTYPES = {"f32": np.float32, "i32": np.int32, "bool": np.bool_, "i8": np.int8, "f16": np.float16}
 
@@ -230,10 +230,25 @@ def evaluate_node(node: Node, vals: list, env: Mapping[str, int], inputs, weight
     if op == "reduce_sum": return np.sum(x[0], axis=a["axis"], keepdims=True)
     if op == "reduce_max": return np.max(x[0], axis=a["axis"], keepdims=True)
     if op == "matmul": return np.matmul(x[0], x[1])
-    if op == "block_matmul": return block_matmul(*x)
-    if op == "superblock_matmul": return superblock_matmul(*x)
+    if op == "block_matmul":
+        if len(x) == 5:
+            check_sums(node, x[0], x[4])
+        return block_matmul(*x[:4])
+    if op == "superblock_matmul":
+        mins, xs = superblock_parts(x)
+        if xs is not None:
+            check_sums(node, x[0], xs)
+        return superblock_matmul(*x[:5], *(mins or (None, None)))
     if op == "cast": return x[0].astype(NP_DTYPES[a["dtype"]])
     raise InterpreterError(f"%{node.id}: no meaning defined for primitive {op!r}")
+
+
+def check_sums(node: Node, xq: np.ndarray, xs: np.ndarray) -> None:
+    """A matmul's xs operand is its activations' sums over runs of K / xs.shape[1], which a
+    compiled kernel may read instead of adding the bytes: anything else is not a graph's meaning."""
+    rows, blocks = xs.shape
+    if not np.array_equal(xq.reshape(rows, blocks, -1).sum(axis=2, dtype=np.int64), xs):
+        raise InterpreterError(f"%{node.id} {node.op}: its sums operand is not the sums of its activations' blocks")
 
 
 def block_matmul(xq: np.ndarray, xd: np.ndarray, wq: np.ndarray, wd: np.ndarray) -> np.ndarray:
@@ -270,13 +285,14 @@ def superblock_matmul(xq: np.ndarray, xd: np.ndarray, wq: np.ndarray, sc: np.nda
     # integers below 2^53: float64 products and sums are exact, in any order BLAS takes
     x3 = xq.reshape(m, nb, size).astype(np.float64)
     w3 = wq.reshape(n, nb, size).astype(np.float64)
+    sums = x3.sum(axis=2)
     out = np.zeros((m, n), np.float32)
     for big in range(ns):
         subs = range(big * per_super, (big + 1) * per_super)
         isum = sum((x3[:, b] @ w3[:, b].T) * sc[:, b].astype(np.float64)[None, :] for b in subs)
         t = isum.astype(np.float32) * d[:, big].astype(np.float32)[None, :]
         if mn is not None:
-            msum = sum(x3[:, b].sum(axis=1, keepdims=True) * mn[:, b].astype(np.float64)[None, :] for b in subs)
+            msum = sum(sums[:, b:b + 1] * mn[:, b].astype(np.float64)[None, :] for b in subs)
             t = t - msum.astype(np.float32) * dmin[:, big].astype(np.float32)[None, :]
         out = out + xd[:, big:big + 1] * t
     return out

@@ -171,11 +171,14 @@ def infer_matmul(args, attrs):
 
 
 def infer_block_matmul(args, attrs):
-    """xq i8[M, K] x wq i8[N, K] with their block scales xd f32[M, K/32], wd f16[N, K/32] -> f32[M, N]."""
-    (xq, xqt), (xd, xdt), (wq, wqt), (wd, wdt) = args
-    _expect((xqt, xdt, wqt, wdt) == ("i8", "f32", "i8", "f16"),
-            lambda: f"block_matmul: wants i8, f32, i8, f16 operands, got {xqt}, {xdt}, {wqt}, {wdt}")
-    _expect(len(xq) == len(xd) == len(wq) == len(wd) == 2, "block_matmul: operands must be rank 2")
+    """xq i8[M, K] x wq i8[N, K] with their block scales xd f32[M, K/32], wd f16[N, K/32], and
+    optionally xs f32[M, K/32] (the activations' sum over each block, whole numbers) -> f32[M, N]."""
+    _expect(len(args) in (4, 5), lambda: f"block_matmul: wants 4 or 5 operands (xq, xd, wq, wd[, xs]), got {len(args)}")
+    (xq, xqt), (xd, xdt), (wq, wqt), (wd, wdt) = args[:4]
+    dtypes = tuple(t for _, t in args)
+    want = ("i8", "f32", "i8", "f16", "f32")[:len(args)]
+    _expect(dtypes == want, lambda: f"block_matmul: wants {', '.join(want)} operands, got {', '.join(dtypes)}")
+    _expect(all(len(s) == 2 for s, _ in args), "block_matmul: operands must be rank 2")
     k = xq[1]
     _expect(k.is_const and k.as_int() % QBLOCK == 0,
             lambda: f"block_matmul: the reduction length {k} must be a multiple of {QBLOCK} (pad it)")
@@ -184,20 +187,32 @@ def infer_block_matmul(args, attrs):
     _expect(xd == (xq[0], blocks),
             lambda: f"block_matmul: activation scales {shape_str(xd)} should be [{xq[0]}, {blocks}]")
     _expect(wd == (wq[0], blocks), lambda: f"block_matmul: weight scales {shape_str(wd)} should be [{wq[0]}, {blocks}]")
+    if len(args) == 5:
+        _expect(args[4][0] == (xq[0], blocks),
+                lambda: f"block_matmul: activation sums {shape_str(args[4][0])} should be [{xq[0]}, {blocks}]")
     return (xq[0], wq[0]), "f32"
 
 
 SUPERBLOCK = 256  # the largest super-block: 256 * 127 * 128 * 128 < 2^31 keeps its integer sums exact
 
 
+def superblock_parts(operands) -> tuple:
+    """(mn, dmin) or (), and xs or None, of a superblock_matmul's operands (or their values):
+    (xq, xd, wq, sc, d[, mn, dmin][, xs])."""
+    n = len(operands)
+    return tuple(operands[5:7]) if n >= 7 else (), operands[-1] if n in (6, 8) else None
+
+
 def infer_superblock_matmul(args, attrs):
     """xq i8[M, K] x wq i8[N, K] in ns super-blocks of nb sub-blocks: xd f32[M, ns] (the
     activations' scale per super-block), sc i8[N, nb] (integer sub-scales), d f16[N, ns]
-    (super-scales), and optionally mn i8[N, nb] with dmin f16[N, ns] (integer sub-mins) -> f32[M, N]."""
-    _expect(len(args) in (5, 7), lambda: f"superblock_matmul: wants 5 or 7 operands (xq, xd, wq, sc, d[, mn, dmin]), "
-                                 f"got {len(args)}")
+    (super-scales), optionally mn i8[N, nb] with dmin f16[N, ns] (integer sub-mins), and
+    optionally xs f32[M, nb] (the activations' sum over each sub-block, whole numbers) -> f32[M, N]."""
+    _expect(5 <= len(args) <= 8, lambda: f"superblock_matmul: wants 5 to 8 operands (xq, xd, wq, sc, d"
+                                 f"[, mn, dmin][, xs]), got {len(args)}")
+    mins, sums = superblock_parts(args)
     dtypes = tuple(t for _, t in args)
-    want = ("i8", "f32", "i8", "i8", "f16", "i8", "f16")[:len(args)]
+    want = ("i8", "f32", "i8", "i8", "f16") + ("i8", "f16") * bool(mins) + ("f32",) * (sums is not None)
     _expect(dtypes == want, lambda: f"superblock_matmul: wants {', '.join(want)} operands, got {', '.join(dtypes)}")
     shapes = [s for s, _ in args]
     _expect(all(len(s) == 2 for s in shapes), "superblock_matmul: operands must be rank 2")
@@ -214,10 +229,13 @@ def infer_superblock_matmul(args, attrs):
             lambda: f"superblock_matmul: activation scales {shape_str(xd)} should be [{xq[0]}, {ns}]")
     _expect(sc == (wq[0], nb), lambda: f"superblock_matmul: sub-scales {shape_str(sc)} should be [{wq[0]}, {nb}]")
     _expect(d == (wq[0], ns), lambda: f"superblock_matmul: super-scales {shape_str(d)} should be [{wq[0]}, {ns}]")
-    if len(args) == 7:
+    if mins:
         _expect(shapes[5] == sc and shapes[6] == d,
                 lambda: f"superblock_matmul: sub-mins {shape_str(shapes[5])} and their super-scales "
                         f"{shape_str(shapes[6])} should be shaped as {shape_str(sc)} and {shape_str(d)}")
+    if sums is not None:
+        _expect(sums[0] == (xq[0], nb),
+                lambda: f"superblock_matmul: activation sums {shape_str(sums[0])} should be [{xq[0]}, {nb}]")
     return (xq[0], wq[0]), "f32"
 
 
@@ -258,7 +276,7 @@ PRIMITIVES: dict[str, tuple] = {
     "reduce_sum": (1, ("axis",), _reduce("reduce_sum")),
     "reduce_max": (1, ("axis",), _reduce("reduce_max")),
     "matmul": (2, (), infer_matmul),
-    "block_matmul": (4, (), infer_block_matmul),
+    "block_matmul": (None, (), infer_block_matmul),
     "superblock_matmul": (None, (), infer_superblock_matmul),
     "cast": (1, ("dtype",), infer_cast),
 }

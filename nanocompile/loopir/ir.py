@@ -285,10 +285,13 @@ class Kernel:
     schedule: tuple = ()     # the directives applied to it, printed above it
     lowered: tuple = ()      # the body before the schedule: what it computes, the same work
     computes: tuple = ()     # the graph primitives whose values it computes, in order: its name
+    # (activations, count, sums): parameter `sums` holds the int8 parameter `activations`' sums over
+    # each run of `count` elements (a matmul's xs operand), element i at i / count
+    sums: tuple = ()
 
     def key(self) -> tuple:
         """Two kernels with equal keys compute the same thing: one C function serves both."""
-        return (self.params, self.body)
+        return (self.params, self.body, self.sums)
 
 
 @dataclass(frozen=True)

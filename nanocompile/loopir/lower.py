@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..ir.expr import Expr, product
 from ..ir.graph import Graph, Node
-from ..ir.ops import MOVEMENT, QBLOCK
+from ..ir.ops import MOVEMENT, QBLOCK, superblock_parts
 from ..ir.signature import Signature, identifier, weight_buffer
 from . import views as V
 from .ir import (OUTPUT, REDUCTION, Acc, AccInit, AccUpdate, Bin, Buffer, ByteSum, Call, Cast, FConst, Fma, IConst,
@@ -67,6 +67,7 @@ class KernelBuilder:
         self.op = op
         self.params: list[Param] = []
         self.args: list[str] = []
+        self.sums: list[tuple[str, int, str]] = []  # Kernel.sums
 
     def param(self, buffer: str, dtype: str, access: str) -> str:
         if buffer in self.args:
@@ -342,10 +343,19 @@ class KernelBody:
             return value
         raise LoweringError(f"no lowering for primitive {n.op!r}")
 
+    def given_sums(self, xq, xs, count: int) -> None:
+        """Records that xs holds xq's sums over runs of count (a matmul's xs operand, both whole
+        row-major buffers), so a schedule that needs them (schedule/unsigned.py) reads them."""
+        if all(isinstance(v, V.View) and isinstance(v.base, str) and v.offset == Expr.of(0)
+               and v.strides == V.contiguous_strides(v.shape) for v in (xq, xs)):
+            self.kb.sums.append((self.kb.param(xq.base, "i8", "read"), count, self.kb.param(xs.base, "f32", "read")))
+
     def block_matmul(self, n: Node, args, idx) -> Acc:
         """A float32 sum over blocks, in order, of each block's exact int32 dot product times its
         two scales: acc = acc + float(isum) * (xd * float(wd))."""
-        xq, xd, wq, wd = args
+        xq, xd, wq, wd = args[:4]
+        if len(args) == 5:
+            self.given_sums(xq, args[4], QBLOCK)
         row, col = idx
 
         def block(b):
@@ -365,10 +375,12 @@ class KernelBody:
         sub-scales, and with mins the activations' sums times the sub-mins) scaled by the
         super-scales: acc = acc + xd * (float(I) * d - float(M) * dmin) (docs/PRIMITIVES.md)."""
         xq, xd, wq, sc, d = args[:5]
-        mins = args[5:]
+        mins, xs = superblock_parts(args)
         row, col = idx
         k, nb, ns = xq.shape[1].as_int(), sc.shape[1].as_int(), d.shape[1].as_int()
         size, per_super = k // nb, nb // ns
+        if xs is not None:
+            self.given_sums(xq, xs, size)
 
         def super_block(big):
             def sub_index(s):
@@ -386,7 +398,10 @@ class KernelBody:
 
             def scaled_sum(s):
                 b = sub_index(s)
-                xsum = ByteSum(self.load(xq, "i8", [row, Bin("*", b, IConst(size))]), size)
+                if xs is not None:  # computed once per row (nn.linear_k), not once per column
+                    xsum = Cast("i32", self.load(xs, "f32", [row, b]))
+                else:
+                    xsum = ByteSum(self.load(xq, "i8", [row, Bin("*", b, IConst(size))]), size)
                 return Bin("*", xsum, Cast("i32", self.load(mins[0], "i8", [col, b])))
 
             dots = self.reduction(n.id, scaled_dot, IConst(per_super), "sum", "s", [row, col, big], dtype="i32")
@@ -473,7 +488,7 @@ class Lowering:
 
     def emit(self, kb: KernelBuilder, body: tuple, n: Node, name: str, computes=()) -> None:
         kernel = Kernel(name, kb.op, tuple(kb.params), body, f"{n.dtype}[{', '.join(str(d) for d in n.shape)}]",
-                        computes=tuple(computes))
+                        computes=tuple(computes), sums=tuple(kb.sums))
         key = f"{name}@{len(self.prog.kernels)}"  # one per call; the link stage merges equal ones
         self.prog.kernels[key] = kernel
         self.prog.calls.append(Call(key, tuple(kb.args), n.id))

@@ -9,14 +9,16 @@ as it is, and
 
 exactly in int32. The second term depends on the activations only: a reduction over a block's
 products starts from -offset * (the block's activation sum) (hoisted) instead of adding the
-correction at every dot product. Every other read of the weight (a gather of an embedding row)
-reads u and subtracts the offset.
+correction at every dot product. Where the matmul was given its activations' sums (its xs
+operand, Kernel.sums: computed once per row), the start reads them instead of adding a block's
+bytes again for every column block. Every other read of the weight (a gather of an embedding
+row) reads u and subtracts the offset.
 """
 from __future__ import annotations
 
 import dataclasses
 
-from ..loopir.affine import linear
+from ..loopir.affine import build, linear
 from ..loopir.ir import (REDUCTION, Acc, AccInit, AccUpdate, Bin, ByteSum, Cast, Dot, IConst, Kernel, Lane, Load, Loop,
                          Var)
 from ..loopir.traverse import contains, statements, statements_in_loops, substitute, walk
@@ -32,7 +34,7 @@ def unsigned_reads(k: Kernel, param: str, offset: int, body: tuple) -> tuple:
         if any(lp.lanes for lp in around) and any(_lanes_read_stored_bytes(n) for n in walk(s)):
             raise ScheduleError(f"{k.name}: {param} is read in vector lanes outside a dot product; stored with "
                                 f"an offset it has no vector form there")
-    return _hoisted(body)
+    return _hoisted(body, k.sums)
 
 
 def _lanes_read_stored_bytes(n) -> bool:
@@ -56,11 +58,12 @@ def _correction(offset: int, x: Load, count: int):
     return Bin("*", IConst(offset), ByteSum(x, count))
 
 
-def _hoisted(body: tuple) -> tuple:
+def _hoisted(body: tuple, given: tuple = ()) -> tuple:
     """Each int32 sum that starts at 0 and is then only updated by a loop of corrected unsigned
     dot products over consecutive activations starts at -offset * (all of them) instead; sums
-    over the same activations (a tile's column vectors) share one start, computed once."""
-    out = [s.with_children((s.extent,) + _hoisted(s.body)) if isinstance(s, Loop) else s for s in body]
+    over the same activations (a tile's column vectors) share one start, computed once. given:
+    Kernel.sums, the activations' sums a start reads where they cover its run."""
+    out = [s.with_children((s.extent,) + _hoisted(s.body, given)) if isinstance(s, Loop) else s for s in body]
     starts: dict = {}  # start expression -> the local holding it
     for i, s in enumerate(out):
         if not (isinstance(s, AccInit) and s.dtype == "i32" and s.value == IConst(0)):
@@ -69,7 +72,7 @@ def _hoisted(body: tuple) -> tuple:
             isinstance(t, AccUpdate) and t.name == s.name for t in statements((out[j],)))]
         if len(updating) != 1 or not isinstance(out[updating[0]], Loop):
             continue
-        found = _block_loop(out[updating[0]], s.name)
+        found = _block_loop(out[updating[0]], s.name, given)
         if found is not None:
             init, loop = found
             starts.setdefault(init, (f"start_{s.name}", i))
@@ -80,7 +83,7 @@ def _hoisted(body: tuple) -> tuple:
     return tuple(out)
 
 
-def _block_loop(loop: Loop, name: str):
+def _block_loop(loop: Loop, name: str, given: tuple = ()):
     """(the hoisted start, the loop without its corrections) if loop is a reduction whose only
     update of name is name = dot(name, x@width*j, ...) - offset * sum(x@width*j): the dots cover
     extent * width consecutive activations."""
@@ -97,6 +100,18 @@ def _block_loop(loop: Loop, name: str):
     if linear(dot.a.index)[0].get(Var(loop.var)) != dot.width:
         return None
     first = substitute(dot.a, {loop.var: IConst(0)})
-    init = Bin("*", IConst(-dot.b_offset), ByteSum(first, dot.width * loop.extent.value))
+    init = Bin("*", IConst(-dot.b_offset), _activation_sum(first, dot.width * loop.extent.value, given))
     body = tuple(dataclasses.replace(s, value=dot) if s is updates[0] else s for s in loop.body)
     return init, dataclasses.replace(loop, body=body)
+
+
+def _activation_sum(first: Load, count: int, given: tuple):
+    """The sum of count int8 activations from first: a read of the given sums where one of them
+    is exactly that run (their runs are count long and first starts one), else ByteSum."""
+    for activations, run, sums in given:
+        if activations != first.param or run != count:
+            continue
+        terms, const = linear(first.index)
+        if const % count == 0 and all(c % count == 0 for c in terms.values()):
+            return Cast("i32", Load(sums, build({a: c // count for a, c in terms.items()}, const // count)))
+    return ByteSum(first, count)
