@@ -368,13 +368,14 @@ def _quantized_projection(col: Loop, row, elements: int, products: str, lanes: i
         ([UnrollJam(col.var, columns)] if columns > 1 else []) + packs
     tile, unpacks = [], []
     if rows and row is not None and not isinstance(row.extent, IConst):
-        # at 8 lanes the row tiles read each narrow weight's bytes rebuilt once per column block
-        # (schedule/unpack.py): a decode step's one row reads the narrow bytes, as does an odd
-        # chunk's last row; one row a tile is split in pairs for that, not jammed. At 16 lanes
-        # the tiles rebuild the bytes themselves: rebuilding once gains nothing at 512 rows
-        # (bench.probes.without Unpack, native, 0.99x) and costs a small step a pass over the
-        # block (8 rows after 256: 3.3x one row with it, 2.1x without; bench.probes.small_steps).
-        unpacks = [Unpack(p, row.var + "o") for p in quants if lanes == 8 and p in narrow
+        # the row tiles read each narrow weight's bytes rebuilt once per column block
+        # (schedule/unpack.py) where there are two tiles or more: a decode step's one row reads
+        # the narrow bytes, as does an odd chunk's last row; one row a tile is split in pairs for
+        # that, not jammed. At 16 lanes rebuilding once gained nothing on a Zen 4 at 512 rows
+        # (bench.probes.without Unpack, 0.99x) and saves 14-21% at 96 rows on an Intel Xeon,
+        # whose two 512-bit ports also run the rebuilding (bench.probes.matmul_shapes, minima:
+        # Q4_K 1536x8960 5.6 against 6.5 ms, Q6_K 8960x1536 6.0 against 7.4)
+        unpacks = [Unpack(p, row.var + "o") for p in quants if lanes in NARROW_LANES and p in narrow
                    and elements * lanes * columns <= UNPACK_BYTES]
         tile = [Reorder(row.var, col.var)] + ([Split(row.var, rows), UnrollJam(row.var + "i", rows)] if rows > 1 else
                                               [Split(row.var, 2)] if unpacks else [])
