@@ -119,6 +119,13 @@ def test_a_record_cut_short_is_measured_again(tmp_path, capsys):
         Run(d)
 
 
+def test_an_unknown_shape_is_refused_before_anything_runs(tmp_path):
+    r = subprocess.run([*REPORT, "--runs", str(tmp_path), "--shapes", "1.5B,14B"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "--shapes takes 1.5B, 3B, 7B; got 14B" in r.stderr
+    assert not any(tmp_path.iterdir())
+
+
 def test_an_impossible_depth_is_refused_before_anything_runs(tmp_path):
     r = subprocess.run([*REPORT, "--quick", "--runs", str(tmp_path), "--depths", "0,64,70"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
@@ -160,6 +167,8 @@ def test_quick_report_end_to_end_and_resumed(tmp_path):
                 assert f"speed/{e.id}/t{t}/r{r}" in keys
         assert {f"cost/{e.id}/cold", f"cost/{e.id}/cached", f"accuracy/logits/{e.id}"} <= keys
     assert {"prepare", "accuracy/scores", "appended", "finished"} <= keys
+    # the larger shapes' phase, on the tiny model: the first run, then the two engines alternating
+    assert {"shape/quick/cold", "shape/quick/speed/nc-native/r0", "shape/quick/speed/llama-file/r0"} <= keys
     assert started(out) == [r["key"] for r in records if r["key"] not in ("appended", "finished")]
     assert not list(run.glob("logits-*.npy")) and not list(run.glob("scratch-*")), "big temporaries are removed"
 
@@ -172,7 +181,7 @@ def test_quick_report_end_to_end_and_resumed(tmp_path):
 
     doc = (tmp_path / "doc" / "BENCHMARKS.md").read_text()
     for section in ("## Speed", "### Depth", "### Prompt length", "### Threads", "## nanocompile against its peer",
-                    "## The machine", "## Accuracy", "## Cost", "Quick mode"):
+                    "## The machine", "## Accuracy", "## Cost", "## Larger shapes", "Quick mode"):
         assert section in doc
     if engines.missing(engines.BY_ID["nc-native"]):  # its row is in every table, saying why
         assert doc.count("| nanocompile native | not built (issue 13) |") >= 6
@@ -184,6 +193,8 @@ def test_quick_report_end_to_end_and_resumed(tmp_path):
     (summary,) = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert summary["bench"] == "report" and summary["machine"]["cpu"] and not summary["failures"]
     assert summary["ratios"]["nc-f32/llama-f32"][f"tg{p.tg} t2"]["n"] == p.rounds
+    shape = summary["shapes"]["quick"]
+    assert shape["pp_ratio"]["n"] == shape["tg_ratio"]["n"] == p.shape_rounds and shape["cold"]["seconds"] > 0
     scores = summary["accuracy"]["scores"]
     # float32 engines agree with the oracle far more closely than int8 does with its float32
     assert scores["nc-f32"]["hf-f32"]["kl_mean"] < 1e-6 < scores["nc-int8"]["nc-f32"]["kl_mean"]

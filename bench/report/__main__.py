@@ -85,6 +85,12 @@ def accuracy(run: Run, plan, prepared: dict, engines: list) -> None:
             Path(path).unlink(missing_ok=True)
 
 
+def larger_shapes(run: Run, plan, prepared: dict, engines: list) -> None:
+    from bench.report import shapes
+
+    shapes.measure(run, plan, prepared)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[1])
     ap.add_argument("--quick", action="store_true", help="a tiny random model and tiny sizes: seconds, for tests")
@@ -94,13 +100,14 @@ def main() -> None:
     ap.add_argument("--depths", help="tg depths, comma-separated (default 0,512,2048,4096)")
     ap.add_argument("--prompts", help="prompt lengths (default 16,64,256,1024)")
     ap.add_argument("--accuracy-chunks", type=int)
+    ap.add_argument("--shapes", help="the larger shapes, comma-separated (default 1.5B,3B; choose from 1.5B, 3B, 7B)")
     ap.add_argument("--run-id", help="the run to resume or start (default: the latest unfinished one with this plan)")
     ap.add_argument("--new", action="store_true", help="start a new run even if an unfinished one has this plan")
     ap.add_argument("--runs", type=Path, default=ROOT / "bench" / "runs", help="where runs keep their records")
     ap.add_argument("--doc", type=Path, help="the report (default docs/BENCHMARKS.md; --quick: in the run directory)")
     ap.add_argument("--results", type=Path, help="the summary's JSONL (default bench/results.jsonl; --quick: the run's)")
     ap.add_argument("--note", action="append", default=[], help="a sentence for the top of the report (repeatable)")
-    ap.add_argument("--skip", default="", help="phases not to measure this time: speed,costs,accuracy (a later run "
+    ap.add_argument("--skip", default="", help="phases not to measure this time: speed,costs,accuracy,shapes (a later run "
                     "with the same plan fills them in)")
     ap.add_argument("--report-only", action="store_true", help="write the report from what is recorded, measure nothing")
     args = ap.parse_args()
@@ -111,12 +118,18 @@ def main() -> None:
     ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
     overrides = {"rounds": args.rounds, "rounds_other_threads": args.rounds_other_threads,
                  "accuracy_chunks": args.accuracy_chunks, "threads": args.threads and ints(args.threads),
-                 "depths": args.depths and ints(args.depths), "prompts": args.prompts and ints(args.prompts)}
+                 "depths": args.depths and ints(args.depths), "prompts": args.prompts and ints(args.prompts),
+                 "shapes": args.shapes and tuple(args.shapes.split(","))}
     plan = dataclasses.replace(plan, **{k: v for k, v in overrides.items() if v})
     try:
         sequences(plan, plan.main_threads)  # an impossible depth chain fails here, before anything runs
     except ValueError as e:
         raise SystemExit(f"python -m bench.report: {e}") from None
+    from bench.support.siblings import SHAPES
+
+    unknown = [s for s in plan.shapes if s not in SHAPES and not (plan.quick and s == "quick")]
+    if unknown:
+        raise SystemExit(f"python -m bench.report: --shapes takes {', '.join(SHAPES)}; got {', '.join(unknown)}")
     run = open_run(args.runs, plan.key(), dataclasses.asdict(plan), args.run_id, args.new)
     run.say(f"run {run.id} in {run.dir} ({sum(run.done(k) for k in run.records)} measurements recorded)")
 
@@ -128,9 +141,9 @@ def main() -> None:
             raise SystemExit(f"preparing the run failed: {run.records['prepare']['error']}")
         engines = [e for e in ENGINES if prepared["missing"][e.id] is None]
         skip = set(filter(None, args.skip.split(",")))
-        if skip - {"speed", "costs", "accuracy"}:
-            raise SystemExit(f"python -m bench.report: --skip takes speed, costs, accuracy; got {args.skip}")
-        for name, phase in (("speed", speed), ("costs", costs), ("accuracy", accuracy)):
+        if skip - {"speed", "costs", "accuracy", "shapes"}:
+            raise SystemExit(f"python -m bench.report: --skip takes speed, costs, accuracy, shapes; got {args.skip}")
+        for name, phase in (("speed", speed), ("costs", costs), ("accuracy", accuracy), ("shapes", larger_shapes)):
             if name not in skip:
                 phase(run, plan, prepared, engines)
     elif not run.done("prepare"):

@@ -6,7 +6,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from bench.support.measure import summary, vector_peak
-from bench.report import roofline
+from bench.report import roofline, shapes
 from bench.report.engines import BY_ID, ENGINES, label
 from bench.report.plan import Plan, test_names
 from bench.report.stats import engine_summary, paired_ratios
@@ -20,6 +20,7 @@ class Data:
     probes: dict = field(default_factory=dict)     # (threads, round) -> [probe, ...]
     costs: dict = field(default_factory=dict)      # engine -> {"cold": result, "cached": result}
     scores: dict | None = None
+    shapes: dict = field(default_factory=dict)     # shape -> shapes.summarize's figures
     failures: dict = field(default_factory=dict)   # key -> error
     record_times: list = field(default_factory=list)
 
@@ -35,6 +36,8 @@ class Data:
 
 def collect(run, plan: Plan) -> Data:
     data = Data(plan, run.result("prepare"))
+    data.shapes = shapes.summarize({key: record["result"] for key, record in run.records.items()
+                                    if key.startswith("shape/") and "error" not in record})
     for key, record in run.records.items():
         data.record_times.append(record["time"])
         if "error" in record:
@@ -123,4 +126,4 @@ def headline(data: Data) -> dict:
                         ratios.setdefault(f"{e.id}/{e.peer}", {})[f"{test} t{t}"] = r
     return {"engines": engines, "ratios": ratios, "missing": {k: v for k, v in data.prepared["missing"].items() if v},
             "machine_probes": {str(k): v for k, v in machine_probes(data).items()},
-            "accuracy": data.scores, "failures": data.failures}
+            "accuracy": data.scores, "shapes": data.shapes, "failures": data.failures}

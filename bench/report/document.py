@@ -7,11 +7,12 @@ import os
 import statistics
 from pathlib import Path
 
-from bench.report import plots
+from bench.report import plots, shapes
 from bench.report.collect import Data, collect, fractions, headline, machine_probes
 from bench.report.engines import ENGINES, FLOAT32, ORACLE
 from bench.report.plan import FULL, Plan, speed_jobs
 from bench.report.stats import engine_summary, paired_ratios
+from bench.support.measure import summary
 
 DASH = "—"
 
@@ -274,6 +275,39 @@ def cost_section(data: Data) -> list[str]:
             table(["engine", "cold start, s (stages)", "cached start, s", "disk", "peak memory cold / cached"], rows), ""]
 
 
+def shape_section(data: Data) -> list[str]:
+    plan = data.plan
+    if not plan.shapes:
+        return []
+    rows = []
+    for name in plan.shapes:
+        s = data.shapes.get(name)
+        failed = [k for k in data.failures if k.startswith(f"shape/{name}/")]
+        if not s or "pp_ratio" not in s:
+            why = data.why_missing(shapes.OURS) or data.why_missing(shapes.PEER)
+            rows.append([name, why or ("failed: " + ", ".join(f"`{k}`" for k in failed) if failed else "not measured")]
+                        + [DASH] * 5)
+            continue
+        rate = lambda test, e: spread(summary(s[test][e])) if s[test].get(e) else DASH  # noqa: E731
+        ratio = lambda r: f"**{r['median']:.2f}x** [{r['min']:.2f}–{r['max']:.2f}], faster in {r['wins']} of {r['n']}"  # noqa: E731
+        cold = s.get("cold")
+        prep = f"{cold['seconds']:.0f} ({', '.join(f'{k} {v:.0f}' for k, v in cold['stages'].items())})" if cold else DASH
+        memory = s["peak_rss_bytes"]
+        rows.append([name, f"{rate('pp', shapes.OURS)} / {rate('pp', shapes.PEER)}", ratio(s["pp_ratio"]),
+                     f"{rate('tg', shapes.OURS)} / {rate('tg', shapes.PEER)}", ratio(s["tg_ratio"]),
+                     f"{size(memory[shapes.OURS])} / {size(memory[shapes.PEER])}", prep])
+    which = "The quick plan's tiny model" if plan.quick else (
+        "Qwen2.5's real shapes with random weights, quantized by llama.cpp to Q4_K_M (bench/support/siblings.py)")
+    return ["## Larger shapes", "",
+            f"{which}: {data.label(shapes.OURS)} against {data.label(shapes.PEER)} on the same file, "
+            f"pp{plan.shape_pp} and tg{plan.shape_tg} at {threads(plan.main_threads)}, {plan.shape_rounds} "
+            f"round{'s' if plan.shape_rounds > 1 else ''}, "
+            "each engine in a process of its own, the order alternating; t/s median [min–max], ratios per round. "
+            "First run: nanocompile from an empty cache (pipeline, C build, weights packed), seconds.", "",
+            table(["shape", "pp t/s, ours / llama.cpp", "pp ratio", "tg t/s, ours / llama.cpp", "tg ratio",
+                   "peak memory, ours / llama.cpp", "first run, s (stages)"], rows), ""]
+
+
 def method_section(data: Data) -> list[str]:
     plan = data.plan
     return ["## How it is measured", "",
@@ -302,7 +336,8 @@ def write(run, plan: Plan, doc: Path, notes: list[str]) -> dict:
     rel = os.path.relpath(plot_dir, doc.parent)
     ratio_rows = []
     sections = (header(data, run, notes) + speed_section(data, rel) + ratio_section(data, rel, ratio_rows)
-                + machine_section(data) + accuracy_section(data) + cost_section(data) + method_section(data))
+                + machine_section(data) + accuracy_section(data) + cost_section(data) + shape_section(data)
+                + method_section(data))
     if data.speed:
         plots.bars(data, plot_dir / "bars.png")
         plots.sweep(data, plot_dir / "depth.png", "depth")

@@ -25,6 +25,12 @@ class Plan:
     rounds_other_threads: int = 2
     accuracy_chunks: int = 2                     # chunks of accuracy_ctx tokens, second halves scored
     accuracy_ctx: int = 512
+    # the larger shapes (bench/report/shapes.py): 1.5B and 3B at pp256 and tg32, 3 rounds, about 8
+    # minutes on two cores with their files made (7B by --shapes: its first run alone takes minutes)
+    shapes: tuple[str, ...] = ("1.5B", "3B")
+    shape_pp: int = 256
+    shape_tg: int = 32
+    shape_rounds: int = 3
     quick: bool = False                          # a tiny random model instead of the default one
 
     @property
@@ -50,7 +56,8 @@ class Plan:
 
 FULL = Plan()
 QUICK = Plan(pp=64, tg=8, depths=(0, 64, 96, 128), prompts=(8, 16, 32, 128), rounds=2, rounds_other_threads=1,
-             accuracy_chunks=2, accuracy_ctx=64, quick=True)
+             accuracy_chunks=2, accuracy_ctx=64, shapes=("quick",), shape_pp=16, shape_tg=4, shape_rounds=1,
+             quick=True)
 
 
 def tg_name(n: int, depth: int) -> str:
