@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bench.report import plots, shapes
 from bench.report.collect import Data, collect, fractions, headline, machine_probes
-from bench.report.engines import ENGINES, FLOAT32, ORACLE
+from bench.report.engines import ENGINES, FLOAT32, ORACLE, engine_named
 from bench.report.plan import FULL, Plan, speed_jobs
 from bench.report.stats import engine_summary, paired_ratios
 from bench.support.measure import summary
@@ -283,29 +283,30 @@ def shape_section(data: Data) -> list[str]:
     for name in plan.shapes:
         s = data.shapes.get(name)
         failed = [k for k in data.failures if k.startswith(f"shape/{name}/")]
-        if not s or "pp_ratio" not in s:
-            why = data.why_missing(shapes.OURS) or data.why_missing(shapes.PEER)
+        if not s or not s["ratios"]:
+            why = data.why_missing(shapes.OURS) or ("no llama.cpp build runs here" if not shapes.peers() else None)
             rows.append([name, why or ("failed: " + ", ".join(f"`{k}`" for k in failed) if failed else "not measured")]
                         + [DASH] * 5)
             continue
-        rate = lambda test, e: spread(summary(s[test][e])) if s[test].get(e) else DASH  # noqa: E731
-        ratio = lambda r: f"**{r['median']:.2f}x** [{r['min']:.2f}–{r['max']:.2f}], faster in {r['wins']} of {r['n']}"  # noqa: E731
         cold = s.get("cold")
         prep = f"{cold['seconds']:.0f} ({', '.join(f'{k} {v:.0f}' for k, v in cold['stages'].items())})" if cold else DASH
+        rate = lambda e, test: spread(summary(s["rates"][e][test]))  # noqa: E731
+        ratio = lambda r: f"**{r['median']:.2f}x** [{r['min']:.2f}–{r['max']:.2f}], faster in {r['wins']} of {r['n']}"  # noqa: E731
         memory = s["peak_rss_bytes"]
-        rows.append([name, f"{rate('pp', shapes.OURS)} / {rate('pp', shapes.PEER)}", ratio(s["pp_ratio"]),
-                     f"{rate('tg', shapes.OURS)} / {rate('tg', shapes.PEER)}", ratio(s["tg_ratio"]),
-                     f"{size(memory[shapes.OURS])} / {size(memory[shapes.PEER])}", prep])
+        for peer, r in s["ratios"].items():
+            rows.append([name, engine_named(peer).label, f"{rate(shapes.OURS, 'pp')} / {rate(peer, 'pp')}",
+                         ratio(r["pp"]), f"{rate(shapes.OURS, 'tg')} / {rate(peer, 'tg')}", ratio(r["tg"]),
+                         f"{size(memory[shapes.OURS])} / {size(memory[peer])}", prep])
     which = "The quick plan's tiny model" if plan.quick else (
         "Qwen2.5's real shapes with random weights, quantized by llama.cpp to Q4_K_M (bench/support/siblings.py)")
     return ["## Larger shapes", "",
-            f"{which}: {data.label(shapes.OURS)} against {data.label(shapes.PEER)} on the same file, "
-            f"pp{plan.shape_pp} and tg{plan.shape_tg} at {threads(plan.main_threads)}, {plan.shape_rounds} "
-            f"round{'s' if plan.shape_rounds > 1 else ''}, "
-            "each engine in a process of its own, the order alternating; t/s median [min–max], ratios per round. "
-            "First run: nanocompile from an empty cache (pipeline, C build, weights packed), seconds.", "",
-            table(["shape", "pp t/s, ours / llama.cpp", "pp ratio", "tg t/s, ours / llama.cpp", "tg ratio",
-                   "peak memory, ours / llama.cpp", "first run, s (stages)"], rows), ""]
+            f"{which}: {data.label(shapes.OURS)} against llama.cpp on the same file (each build of it that runs "
+            f"here), pp{plan.shape_pp} and tg{plan.shape_tg} at {threads(plan.main_threads)}, {plan.shape_rounds} "
+            f"round{'s' if plan.shape_rounds > 1 else ''}, each engine in a process of its own, the order rotated; "
+            "t/s median [min–max], ratios per round. First run: nanocompile from an empty cache (pipeline, C build, "
+            "weights packed), seconds.", "",
+            table(["shape", "llama.cpp", "pp t/s, ours / theirs", "pp ratio", "tg t/s, ours / theirs", "tg ratio",
+                   "peak memory, ours / theirs", "first run, s (stages)"], rows), ""]
 
 
 def method_section(data: Data) -> list[str]:
