@@ -69,9 +69,21 @@ class KernelHarness:
                 self.data.append(rng.integers(-127, 128, size).astype(np.int8))
             else:  # small indices: valid rows of any table, positions within any shape
                 self.data.append(rng.integers(0, 4, size).astype(NP[p.dtype]))
+        self._consistent_sums()
         self._packed: dict[tuple, np.ndarray] = {}
         self._expected: dict[str, list[np.ndarray]] = {}
         self._timing: dict[int, tuple] = {}
+
+    def _consistent_sums(self) -> None:
+        """A sums operand (Kernel.sums) holds its activations' sums, as in the model: a schedule
+        may read them instead of adding the bytes up (schedule/unsigned.py), so random values there
+        would make a correct schedule differ from the kernel as lowered."""
+        index = {p.name: i for i, p in enumerate(self.params)}
+        for k in self.kernels:
+            for activations, count, sums in k.sums:
+                x, s = self.data[index[activations]], self.data[index[sums]]
+                runs = min(s.size, x.size // count)
+                s[:runs] = x[:runs * count].reshape(runs, count).astype(np.float32).sum(axis=1)
 
     def _input(self, i: int, which: int) -> np.ndarray:
         layout = _layouts(self.kernels[which]).get(self.params[i].name)
