@@ -137,6 +137,22 @@ def _wrong(kernel, how):
 
 
 @pytest.mark.c
+def test_the_harness_gives_a_sums_operand_its_activations_sums():
+    """A schedule may read a matmul's xs operand instead of adding the bytes up (schedule/unsigned.py,
+    on VNNI), so the harness's random data must hold there what the model holds: the sums of the
+    int8 activations over each run. Checked on every CPU, not only where a schedule reads them."""
+    jobs, march = model_jobs(CFG, precision="int8")
+    job = next(j for j in jobs if j.kernel.sums)
+    harness = KernelHarness(job.kernel, [], job.buffers, march, list(SHAPES))
+    index = {p.name: i for i, p in enumerate(harness.params)}
+    for activations, count, sums in job.kernel.sums:
+        x, xs = harness.data[index[activations]], harness.data[index[sums]]
+        runs = min(xs.size, x.size // count)
+        assert runs > 0 and np.abs(xs[:runs]).max() > 0
+        assert np.array_equal(xs[:runs], x[:runs * count].reshape(runs, count).sum(axis=1).astype(np.float32))
+
+
+@pytest.mark.c
 @pytest.mark.parametrize("precision, kind", [("f32", "projection"), ("int8", "int8 projection")])
 def test_a_wrong_candidate_is_dropped_and_reported(precision, kind):
     jobs, march = model_jobs(CFG, precision=precision)

@@ -2,6 +2,7 @@
 NANOCOMPILE_PROFILE (every kernel call timed on thread 0, to the end of its barrier).
 
     python -m bench.probes.profile [int8|f32|native] [prompt tokens] [--chunk N] [--threads N]
+                                   [--verify K]   # also a step of K rows with every row's logits
                                                      # prints; appends to bench/results.jsonl
 """
 from __future__ import annotations
@@ -17,9 +18,11 @@ import numpy as np
 from bench.support.measure import THREADS
 
 
-def profile(model, prompt, module, precision: str | None = None, threads: int = THREADS) -> dict:
+def profile(model, prompt, module, precision: str | None = None, threads: int = THREADS, verify: int = 0) -> dict:
     """Per-kernel times of one prefill and one decode step, from a NANOCOMPILE_PROFILE build.
-    precision: the session's (native's module is int8's graph, so module.precision says int8)."""
+    precision: the session's (native's module is int8's graph, so module.precision says int8).
+    verify: also a step of that many rows after the prompt, every row's logits read (the shape
+    of a speculative verify step, docs/LOOKUP.md), rolled back before the decode step."""
     import numpy as np
 
     from nanocompile.codegen.render import render_tree
@@ -32,7 +35,7 @@ def profile(model, prompt, module, precision: str | None = None, threads: int = 
     manifest = json.loads(render_tree(module)["manifest.json"])
     cmake_build(d / "tree", d / "build", {"NANOCOMPILE_PROFILE": "ON"}, target=manifest["library"])
     lib_path = d / "build" / f"lib{manifest['library']}.so"
-    s = CompiledSession.from_weights(model.config, model.weights, n_ctx=len(prompt) + 8, threads=threads,
+    s = CompiledSession.from_weights(model.config, model.weights, n_ctx=len(prompt) + 8 + verify, threads=threads,
                         weights_key=model.key, library=(lib_path, manifest), precision=precision or module.precision,
                         max_chunk=module.max_chunk)
     p = manifest["prefix"]
@@ -44,10 +47,10 @@ def profile(model, prompt, module, precision: str | None = None, threads: int = 
     getattr(lib, p + "profile_ns").argtypes = [ctypes.c_int32]
     getattr(lib, p + "profile_calls").argtypes = [ctypes.c_int32]
 
-    def measure(tokens):
+    def measure(tokens, all_logits=False):
         getattr(lib, p + "profile_reset")()
         t0 = time.perf_counter()
-        logits = s.step(tokens)
+        logits = s.step(tokens, all_logits=all_logits)
         wall = time.perf_counter() - t0
         by_kernel = {}
         for i in range(getattr(lib, p + "profile_kernels")()):
@@ -65,14 +68,18 @@ def profile(model, prompt, module, precision: str | None = None, threads: int = 
     s.step(prompt[:1])  # warm-up: every weight faulted in, the pool started (else a short prompt times the faults)
     s.reset()
     logits, prefill = measure(prompt)
-    _, decode = measure([int(np.argmax(logits))])
+    phases = {"prefill": prefill}
+    if verify:
+        past = s.past
+        _, phases[f"verify {verify} rows"] = measure(prompt[:verify], all_logits=True)
+        s.truncate(past)
+    _, phases["decode"] = measure([int(np.argmax(logits))])
     s.close()
-    return {"prefill": prefill, "decode": decode}
+    return phases
 
 
 def print_profile(prof: dict, top: int) -> None:
-    for phase in ("prefill", "decode"):
-        q = prof[phase]
+    for phase, q in prof.items():
         print(f"profile {phase}: wall {q['wall_s'] * 1e3:.1f} ms = matmul {q['matmul_s'] * 1e3:.1f} + other kernels "
               f"{q['other_kernels_s'] * 1e3:.1f} + outside {q['outside_s'] * 1e3:.2f} ms, {q['calls']} calls")
         for t in q["top"][:top]:
@@ -97,16 +104,18 @@ def main() -> None:
     ap.add_argument("--chunk", type=positive_int, default=DEFAULT_CHUNK,
                     help="prompt rows a pass takes (the library's)")
     ap.add_argument("--threads", type=positive_int, default=THREADS)
+    ap.add_argument("--verify", type=positive_int, default=None,
+                    help="also a step of this many rows with every row's logits (a verify step)")
     ap.add_argument("-m", "--model", default="default", help="'default', a GGUF file or a Hugging Face directory")
     args = ap.parse_args()
     precision, n = args.precision, args.prompt
     model = load_model(args.model, progress=False)
-    s = CompiledSession.from_weights(model.config, model.weights, n_ctx=n + 8, threads=args.threads, weights_key=model.key,
+    s = CompiledSession.from_weights(model.config, model.weights, n_ctx=n + 8 + (args.verify or 0), threads=args.threads, weights_key=model.key,
                         precision=precision, max_chunk=args.chunk)
     module = s.module
     s.close()
     prompt = [int(t) for t in np.random.default_rng(0).integers(1000, 100000, n)]
-    prof = profile(model, prompt, module, precision, args.threads)
+    prof = profile(model, prompt, module, precision, args.threads, args.verify or 0)
     print_profile(prof, 10)
     append({"bench": "profile", "model": str(model.source), "precision": precision, "prompt": n, "march": module.options.march,
             "chunk": args.chunk, "profile_threads": args.threads, **prof})

@@ -31,7 +31,7 @@ def machine() -> dict:
         for line in text.splitlines():
             if line.startswith("model name"):
                 info["cpu"] = line.split(":", 1)[1].strip()
-            # the generation, where the name says only "AMD EPYC" (family 23: Zen/Zen 2, 25: Zen 3/4)
+            # the generation, where the name says only "AMD EPYC" (family 23: Zen/Zen 2, 25: Zen 3/4, 26: Zen 5)
             if line.startswith("cpu family"):
                 info["cpu_family"] = int(line.split(":", 1)[1])
             if line.startswith("model") and line.split(":", 1)[0].strip() == "model":
