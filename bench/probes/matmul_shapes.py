@@ -67,6 +67,7 @@ def _native(k: int, n: int, kind: str, m: int, rng):
     a [n, k] matrix stored in `kind`, run as the native library runs it."""
     import numpy as np
 
+    from nanocompile.frontend import nn
     from nanocompile.ir import SEQ, GraphBuilder, interpreter
     from nanocompile.models.formats import format_named
     from nanocompile.models.quantize import (narrow_storage, quantize_q8_0, split_exact, split_superblocks,
@@ -87,7 +88,9 @@ def _native(k: int, n: int, kind: str, m: int, rng):
         xd = b.input("xd", [SEQ, k // fmt.block])
         nodes = [b.weight(name, list(a.shape), {"i1": "i8", "f2": "f16"}[a.dtype.kind + str(a.itemsize)])
                  for name, a in w.items()]
-        b.output("y", b.superblock_matmul(xq, xd, *nodes))
+        # with the activations' sums, as nn.linear_k passes them (their small kernel is timed too)
+        sums = nn.sub_block_sums(b, xq, k // fmt.sub)
+        b.output("y", b.superblock_matmul(xq, xd, *nodes, xs=sums))
         inputs = {"xq": rng.integers(-127, 128, (m, k)).astype(np.int8),
                   "xd": (rng.random((m, k // fmt.block)) * 0.01).astype(np.float32)}
         want = interpreter.superblock_matmul(inputs["xq"], inputs["xd"], *w.values())
@@ -98,7 +101,7 @@ def _native(k: int, n: int, kind: str, m: int, rng):
             qs, d = split_exact(raw, fmt, n, k)
         w = {"wq": qs, "wd": d}
         b.output("y", b.block_matmul(xq, b.input("xd", [SEQ, k // 32]), b.weight("wq", [n, k], "i8"),
-                                     b.weight("wd", [n, k // 32], "f16")))
+                                     b.weight("wd", [n, k // 32], "f16"), nn.sub_block_sums(b, xq, k // 32)))
         inputs = {"xq": rng.integers(-127, 128, (m, k)).astype(np.int8),
                   "xd": (rng.random((m, k // 32)) * 0.01).astype(np.float32)}
         want = interpreter.block_matmul(inputs["xq"], inputs["xd"], qs, d)
