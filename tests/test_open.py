@@ -181,3 +181,49 @@ def test_the_key_changes_with_everything_that_reaches_the_generated_c(k_file, mo
     monkeypatch.setattr(warm, "sources_digest", lambda: "templates and runtime edited")
     monkeypatch.setattr(warm, "_compiler_digest", [])
     assert changed(base)
+
+
+def test_a_first_run_packs_the_weights_while_the_c_compiler_runs(k_file, monkeypatch):
+    """A cold start's two long jobs (the C build, the packing) overlap, and the result is the
+    library and weights a warm start finds: the same logits."""
+    import time
+
+    import nanocompile.compiler.build as build
+    import nanocompile.engine.compiled as compiled
+
+    path, cache, _ = k_file
+    spans = {}
+
+    def timed(name, fn):
+        def run(*a, **k):
+            start = time.monotonic()
+            try:
+                return fn(*a, **k)
+            finally:
+                spans[name] = (start, time.monotonic())
+        return run
+
+    monkeypatch.setattr(build, "cmake_build", timed("build", build.cmake_build))
+    monkeypatch.setattr(compiled, "open_packed", timed("pack", compiled.open_packed))
+    model = load_model(path, progress=False)
+    first = CompiledSession(open_model(model), n_ctx=32)
+    assert not first.warm and cached(cache, "libs") and cached(cache, "packed")
+    (b0, b1), (p0, p1) = spans["build"], spans["pack"]
+    assert p0 < b1 and b0 < p1, spans  # the packing ran inside the build's time
+    logits = first.step([1, 2, 3])
+    first.close()
+    again = CompiledSession(open_model(model), n_ctx=32)
+    assert again.warm and (again.step([1, 2, 3]) == logits).all()
+
+
+def test_a_packing_error_during_the_build_still_leaves_the_library_built(k_file, monkeypatch):
+    import nanocompile.engine.compiled as compiled
+
+    path, cache, _ = k_file
+
+    def broken(*a, **k):
+        raise ModelError("the weights cannot be read")
+    monkeypatch.setattr(compiled, "open_packed", broken)
+    with pytest.raises(ModelError, match="cannot be read"):
+        CompiledSession(open_model(load_model(path, progress=False)), n_ctx=32)
+    assert cached(cache, "libs") and not cached(cache, "packed")  # the build finished and was kept

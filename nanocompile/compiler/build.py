@@ -11,8 +11,10 @@ import json
 import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor, wait
 from importlib import resources
 from pathlib import Path
+from typing import Callable
 
 from ..cache.files import CacheError, check_entry, write_entry
 from ..cache.location import cache_root
@@ -104,21 +106,29 @@ def library_made_from(manifest: dict, fingerprint_hash: str) -> dict:
     return {"source_sha256": manifest["source_sha256"], "fingerprint": fingerprint_hash}
 
 
-def find_or_build(module: Module, progress=None) -> tuple[Path, dict]:
+def find_or_build(module: Module, progress=None, meanwhile: Callable[[], None] | None = None) -> tuple[Path, dict]:
     """The compiled library for this module: shipped, cached, or built now. A library is used
     only if it was built from exactly the sources this package generates for the module, and a
     cached one only if its bytes match its sidecar; two processes needing the same library
-    build it once (the second waits)."""
+    build it once (the second waits). meanwhile, if given, runs once on this thread: while the C
+    compiler runs when the library is built now (a first run packs the weights then), else
+    after the library is found."""
+    return _find_or_build(module, progress, meanwhile or (lambda: None))
+
+
+def _find_or_build(module: Module, progress, meanwhile: Callable[[], None]) -> tuple[Path, dict]:
 
     wanted = json.loads(render_tree(module)["manifest.json"])
     for manifest, directory in packaged_manifests():
         if manifest == wanted and library_file(directory, manifest).exists():
+            meanwhile()
             return library_file(directory, manifest), manifest
     root = cache_root()
     relative = f"libs/{module.fingerprint_hash[:20]}/{library_file(Path(), wanted).name}"
     made_from = library_made_from(wanted, module.fingerprint_hash)
     for candidate in root.candidates(relative):
         if check_entry(candidate, made_from) is None:
+            meanwhile()
             return candidate, wanted
     refuse_if_turned_off(f"building a library for {module.prefix.rstrip('_')}")  # before its tree is made
     lib = root.place(relative)
@@ -126,18 +136,40 @@ def find_or_build(module: Module, progress=None) -> tuple[Path, dict]:
     with entry_lock(lib, f"the library {tree.name}"):
         problem = check_entry(lib, made_from)
         if problem is None:
-            return lib, wanted
-        if problem != "is missing":
-            note(f"{lib} {problem}; building it again")
-        if progress:
-            progress(f"compiling a library for this config in {tree}")
-        try:
-            write_tree(module, tree)
-        except OSError as e:
-            raise CacheError(f"{tree}: cannot be written ({e.strerror}); set NANOCOMPILE_CACHE to another "
-                             f"directory") from None
-        cmake_build(tree, tree / "build", target=wanted["library"])
-        built = library_file(tree / "build", wanted).read_bytes()
-        write_entry(lib, made_from, lambda out: out.write(built), generator=GENERATOR,
-                    fingerprint=module.fingerprint)
+            found = True
+        else:
+            found = False
+            if problem != "is missing":
+                note(f"{lib} {problem}; building it again")
+            if progress:
+                progress(f"compiling a library for this config in {tree}")
+            try:
+                write_tree(module, tree)
+            except OSError as e:
+                raise CacheError(f"{tree}: cannot be written ({e.strerror}); set NANOCOMPILE_CACHE to another "
+                                 f"directory") from None
+
+            def build_and_install():  # installed even if meanwhile fails: the library is good
+                cmake_build(tree, tree / "build", target=wanted["library"])
+                built = library_file(tree / "build", wanted).read_bytes()
+                write_entry(lib, made_from, lambda out: out.write(built), generator=GENERATOR,
+                            fingerprint=module.fingerprint)
+
+            build_while(build_and_install, meanwhile)
+    if found:  # another process built it while this one waited
+        meanwhile()
     return lib, wanted
+
+
+def build_while(build: Callable[[], None], meanwhile: Callable[[], None]) -> None:
+    """build() on a thread of its own while meanwhile() runs on this one: the C compiler spends
+    most of a first run on one translation unit, so the weights are packed on the other core.
+    Both have finished when this returns; meanwhile's error is raised first, then build's."""
+    with ThreadPoolExecutor(1, thread_name_prefix="nanocompile-build") as pool:
+        building = pool.submit(build)
+        try:
+            meanwhile()
+        except BaseException:
+            wait([building])  # no compiler left running behind the error
+            raise
+        building.result()

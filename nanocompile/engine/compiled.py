@@ -51,10 +51,17 @@ class CompiledSession:
         key = None if library else warm.warm_key(opened)
         self.built = warm.find(key)
         self.warm = self.built is not None  # found by its key: nothing was compiled
+        self._tmp = None
+        weights = None
         if self.built is None:
             from ..compiler.build import find_or_build  # here: a warm start never loads the builder
 
-            path, manifest = library or find_or_build(self.module, say if progress else None)
+            def pack():  # on this thread while the C compiler runs: a first run's two long jobs at once
+                nonlocal weights
+                weights = self._open_weights(self.module.layout_hash, self.module.weights_bytes, packed_path,
+                                             progress)
+
+            path, manifest = library or find_or_build(self.module, say if progress else None, meanwhile=pack)
             self.built = warm.Built.of(self.module, path, manifest)
             warm.remember(key, self.built)
         built = self.built
@@ -65,22 +72,9 @@ class CompiledSession:
                 f"that have changed since: the recipes run instead (nanocompile tune measures them again)")
         self.lib = Library(built.library, built.prefix)
         check_fingerprint(self.lib, built.fingerprint)
-
-        self._tmp = None
-        if packed_path is not None:  # a file the caller names: packed if missing, used as it is
-            if not packed_path.exists():
-                pack_weights(self.module, opened.weights, packed_path)
-            self._weights = np.memmap(packed_path, dtype=np.uint8, mode="r")
-        elif opened.source_key is not None:
-            packed_path, self._weights, _ = open_packed(built.layout_hash, built.weights_bytes, opened.graph,
-                                                        opened.weights, opened.source_key, lambda: self.module,
-                                                        progress)
-        else:  # lives as long as the session
-            self._tmp = tempfile.TemporaryDirectory(prefix="nanocompile-")
-            packed_path = Path(self._tmp.name) / "weights.bin"
-            pack_weights(self.module, opened.weights, packed_path)
-            self._weights = np.memmap(packed_path, dtype=np.uint8, mode="r")
-        self.packed_path = packed_path
+        if weights is None:
+            weights = self._open_weights(built.layout_hash, built.weights_bytes, packed_path, progress)
+        self.packed_path, self._weights = weights
         self._handle = ctypes.c_void_p()
         error = ctypes.create_string_buffer(512)
         rc = self.lib.init(ctypes.byref(self._handle), self._weights.ctypes.data, self._weights.size,
@@ -88,12 +82,30 @@ class CompiledSession:
         if rc != NC_OK:
             message = error.value.decode(errors="replace")
             if rc == NC_ERR_WEIGHTS:
-                raise ModelError(f"{packed_path}: {message}")
+                raise ModelError(f"{self.packed_path}: {message}")
             raise (InputError if rc == NC_ERR_ARGUMENT else NanocompileError)(message)
         self.vocab = self.lib.output_row()
         self.max_chunk = self.lib.max_chunk()  # the library runs longer steps in chunks of this many tokens
         self._last = np.empty(self.vocab, np.float32)
         self._history = np.zeros(self.n_ctx, np.int32)  # the cached tokens are _history[:past]
+
+    def _open_weights(self, layout_hash: str, weights_bytes: int, packed_path: Path | None,
+                      progress: bool) -> tuple[Path, np.memmap]:
+        """The packed weights for a library of this layout: a file the caller names (packed if
+        missing), the cache's for a source with a key, or a temporary one for the session."""
+        opened = self.opened
+        if packed_path is not None:
+            if not packed_path.exists():
+                pack_weights(self.module, opened.weights, packed_path)
+            return packed_path, np.memmap(packed_path, dtype=np.uint8, mode="r")
+        if opened.source_key is not None:
+            path, mapped, _ = open_packed(layout_hash, weights_bytes, opened.graph, opened.weights,
+                                          opened.source_key, lambda: self.module, progress)
+            return path, mapped
+        self._tmp = tempfile.TemporaryDirectory(prefix="nanocompile-")  # lives as long as the session
+        path = Path(self._tmp.name) / "weights.bin"
+        pack_weights(self.module, opened.weights, path)
+        return path, np.memmap(path, dtype=np.uint8, mode="r")
 
     @classmethod
     def from_weights(cls, config, weights, n_ctx: int = 4096, threads: int = 1, weights_key: str | None = None,
