@@ -113,11 +113,7 @@ def find_or_build(module: Module, progress=None, meanwhile: Callable[[], None] |
     build it once (the second waits). meanwhile, if given, runs once on this thread: while the C
     compiler runs when the library is built now (a first run packs the weights then), else
     after the library is found."""
-    return _find_or_build(module, progress, meanwhile or (lambda: None))
-
-
-def _find_or_build(module: Module, progress, meanwhile: Callable[[], None]) -> tuple[Path, dict]:
-
+    meanwhile = meanwhile or (lambda: None)
     wanted = json.loads(render_tree(module)["manifest.json"])
     for manifest, directory in packaged_manifests():
         if manifest == wanted and library_file(directory, manifest).exists():
