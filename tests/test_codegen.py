@@ -44,12 +44,14 @@ def test_generated_c_reads_as_written_by_hand():
     assert "static void rowreduce_sqrt_mul_seqx40(float *restrict p0, const float *restrict p1" in c
     assert " * kernel matmul2_exp_mul_seqx72(p0: f32 write, p1: f32 read, p2: f32 read, p3: f32 read)" in c
     assert "/* f32[seq, 40], " in c  # every arena buffer has its shape beside it
-    assert "(m->cache_v[0], " in c   # the v projection stores straight into the cache
+    assert "(S->cache_v[0], " in c   # the v projection stores straight into its sequence's cache
+    # the batched step: a per-sequence call reads the rows of its sequence, from r0 on
+    assert "static void forward_batch_chunk(" in c and " + r0 * 40, " in c
     assert files["model.h"].count("NC_API") >= 15
     assert json.loads(files["manifest.json"])["fingerprint"]["config"]["hidden_size"] == 40
     unfused = render_tree(compile_model(tiny_config(), fuse=False))["model.c"]
     assert "static void matmul_seqx40_k40(float *restrict p0, const float *restrict p1" in unfused
-    assert "append_2xseqx10(m->cache_k[0]" in unfused
+    assert "append_2xseqx10(S->cache_k[0]" in unfused
 
 
 @pytest.mark.parametrize("stage", list(STAGES))

@@ -29,6 +29,10 @@ class Module:
     weights: list[WeightSlot]
     consts: dict[str, np.ndarray]
     state_blocks: dict[str, int] = field(default_factory=dict)  # state array -> positions per block
+    # the batched step: the "all" variant's calls in groups that run once per sequence, and its
+    # memory plan (loopir/segments.py); no plan: the program has no batched step
+    batch_groups: list = field(default_factory=list)
+    batch_plan: MemoryPlan | None = None
 
     @property
     def precision(self) -> str:
@@ -108,4 +112,5 @@ class Module:
 
     @property
     def arena_bytes(self) -> int:
-        return max(p.arena_bytes for p in self.plans.values())
+        plans = list(self.plans.values()) + ([self.batch_plan] if self.batch_plan else [])
+        return max(p.arena_bytes for p in plans)

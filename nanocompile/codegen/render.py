@@ -57,13 +57,13 @@ def const_data(consts: dict) -> list[dict]:
 
 class Arguments:
     """How a call passes each buffer: a weight through the model's weights struct, a state
-    buffer as its array entry, the step's input and output by their names, the rest (arena
-    buffers, constant tables) by their own names."""
+    buffer as its array entry in the sequence's slot (S), the step's input and output by their
+    names, the rest (arena buffers, constant tables) by their own names."""
 
     def __init__(self, module: Module):
         sig = module.signature
         self.names = {w.buffer: f"m->w.{w.cname}" for w in module.weights}
-        self.names.update({identifier(s.name): f"m->{s.array}[{s.index}]" for s in sig.state})
+        self.names.update({identifier(s.name): f"S->{s.array}[{s.index}]" for s in sig.state})
         self.names.update({"in_" + identifier(x.name): identifier(x.name) for x in sig.inputs})
         self.names.update({"out_" + identifier(x.name): identifier(x.name) for x in sig.outputs})
 
@@ -83,6 +83,32 @@ def _variant_data(module: Module, name: str, args: Arguments) -> dict:
              for c in prog.calls]
     return {"name": name, "arena": arena, "calls": calls, "arena_bytes": plan.arena_bytes,
             "has_output": any(b.kind == "output" for b in prog.buffers.values())}
+
+
+def _batch_data(module: Module, args: Arguments) -> dict | None:
+    """The batched step (loopir/segments.py): the "all" variant's calls, those of a per-sequence
+    group passing each buffer stored row by row from the segment's first row (r0)."""
+    if module.batch_plan is None:
+        return None
+    prog, plan = module.variants["all"], module.batch_plan
+    arena = [{"name": prog.buffers[s.buffer].name, "ctype": C_TYPES[prog.buffers[s.buffer].dtype], "offset": s.offset,
+              "note": f"{prog.buffers[s.buffer].note}, {s.size} bytes at most, calls {s.first}..{s.last}"}
+             for s in sorted(plan.slots.values(), key=lambda s: (s.first, s.buffer))]
+    group_of = {i: g for g, (first, last) in enumerate(module.batch_groups) for i in range(first, last + 1)}
+    kernel_ids = {name: i for i, name in enumerate(module.kernels)}
+
+    def segment_arg(name: str) -> str:
+        b = prog.buffers[name]
+        if b.kind in ("arena", "input", "output") and b.row_size:
+            return f"{args(name)} + r0 * {b.row_size}"
+        return args(name)
+
+    calls = [{"kernel": c.kernel, "kernel_id": kernel_ids[c.kernel], "group": group_of.get(i, -1),
+              "args": [segment_arg(a) if i in group_of else args(a) for a in c.args]}
+             for i, c in enumerate(prog.calls)]
+    group_calls = sum(last - first + 1 for first, last in module.batch_groups)
+    return {"arena": arena, "calls": calls, "arena_bytes": plan.arena_bytes, "group_calls": group_calls,
+            "groups": [{"first": first, "last": last} for first, last in module.batch_groups]}
 
 
 def template_data(module: Module) -> dict:
@@ -122,6 +148,7 @@ def template_data(module: Module) -> dict:
         "consts": const_data(module.consts),
         "kernels": [kernel_data(k) for k in module.kernels.values()],
         "variants": [_variant_data(module, v, args) for v in module.variants],
+        "batch": _batch_data(module, args),
         "libname": f"nc_{module.prefix.rstrip('_')}",
     }
 

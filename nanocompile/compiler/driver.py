@@ -32,6 +32,7 @@ from ..loopir.ir import Kernel, Program, format_program
 from ..loopir.link import link
 from ..loopir.lower import lower
 from ..loopir.plan import MemoryPlan, plan_memory
+from ..loopir.segments import BatchError, group_spans, segment_groups
 from ..loopir.separate import separate
 from ..passes.cse import cse
 from ..passes.fold import fold_constants
@@ -52,6 +53,8 @@ class Compilation:
     kernels: dict[str, Kernel] = field(default_factory=dict)
     packed: dict[str, tuple] = field(default_factory=dict)
     plans: dict[str, MemoryPlan] = field(default_factory=dict)
+    batch_groups: list = field(default_factory=list)   # the batched step's (loopir/segments.py)
+    batch_plan: MemoryPlan | None = None
 
     @property
     def lanes(self) -> int:
@@ -94,6 +97,16 @@ def run_schedule(c: Compilation) -> None:
 def run_memory(c: Compilation) -> None:
     past = c.options.max_past if c.options.max_past is not None else c.signature.max_positions
     c.plans = {v: plan_memory(p, c.options.max_chunk, past) for v, p in c.programs.items()}
+    # the batched step (several sequences' rows, every row's output) is the "all" variant's calls,
+    # its per-sequence groups run once per sequence: their shared buffers live longer
+    every_row = c.programs.get("all")
+    if every_row is not None and c.signature.state:
+        try:
+            c.batch_groups = segment_groups(every_row)
+        except BatchError:
+            c.batch_groups = []
+        else:
+            c.batch_plan = plan_memory(every_row, c.options.max_chunk, past, group_spans(every_row, c.batch_groups))
 
 
 STAGES = {"cse": run_cse, "fold": run_fold, "fusion": run_fusion, "lower": run_lower, "link": run_link,
@@ -118,6 +131,9 @@ def dump(c: Compilation, stage: str) -> str:
             text += f"memory plan {v}: {plan.arena_bytes} bytes\n"
             text += "".join(f"  {s.buffer} at {s.offset}, {s.size} bytes, calls {s.first}..{s.last}\n"
                             for s in sorted(plan.slots.values(), key=lambda s: (s.first, s.buffer)))
+        if c.batch_plan is not None:
+            groups = ", ".join(f"{a}..{b}" for a, b in c.batch_groups)
+            text += f"memory plan batch (all's calls; per sequence: {groups}): {c.batch_plan.arena_bytes} bytes\n"
     return text
 
 
@@ -143,7 +159,8 @@ def compile_program(program: StepProgram, options: Options = Options(), dump_aft
     for prog in c.programs.values():
         consts.update(prog.consts)
     return Module(program.signature, options, isa, c.kernels, c.programs, c.plans,
-                  weight_layout(program.signature, c.packed), consts, state_blocks(program.signature, c.packed))
+                  weight_layout(program.signature, c.packed), consts, state_blocks(program.signature, c.packed),
+                  c.batch_groups, c.batch_plan)
 
 
 def state_blocks(signature: Signature, packed: dict) -> dict[str, int]:

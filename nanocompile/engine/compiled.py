@@ -8,6 +8,7 @@ the packed weights file's layout is checked by the library itself at init.
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 import tempfile
 from pathlib import Path
@@ -88,6 +89,11 @@ class CompiledSession:
         self.max_chunk = self.lib.max_chunk()  # the library runs longer steps in chunks of this many tokens
         self._last = np.empty(self.vocab, np.float32)
         self._history = np.zeros(self.n_ctx, np.int32)  # the cached tokens are _history[:past]
+        # the library's slot this session's sequence lives in (sequences() makes others), and
+        # which slot the library has selected, shared by the sessions of one library instance
+        self.slot = 0
+        self._selected = [0]
+        self._owner = True
 
     def _open_weights(self, layout_hash: str, weights_bytes: int, packed_path: Path | None,
                       progress: bool) -> tuple[Path, np.memmap]:
@@ -137,9 +143,63 @@ class CompiledSession:
         """The packed weights' bytes (what a step reads), in the layout and form the library runs."""
         return self.built.weights_bytes
 
+    def _use(self) -> ctypes.c_void_p:
+        """The library instance, its selected slot this session's."""
+        if self._selected[0] != self.slot:
+            self._check(self.lib.select(self._handle, self.slot))
+            self._selected[0] = self.slot
+        return self._handle
+
+    def sequences(self, n: int) -> list["CompiledSession"]:
+        """n sequences on this library instance and its weights: this session (slot 0) and
+        n - 1 more, each with its own KV cache of n_ctx positions, for step_batch. Sessions
+        made before by this call stay valid while n is not smaller."""
+        if not self._owner:
+            raise InputError("sequences: ask the session that opened the library")
+        if not 1 <= n <= self.max_chunk:
+            raise InputError(f"sequences: {n} is outside 1..{self.max_chunk}")
+        self._check(self.lib.set_slots(self._handle, n))
+        self._selected[0] = 0  # a slot past n may have been selected; the library then selects 0
+        self._check(self.lib.select(self._handle, 0))
+        out = [self]
+        for slot in range(1, n):
+            other = copy.copy(self)
+            other.slot, other._owner = slot, False
+            other._history = np.zeros(self.n_ctx, np.int32)
+            other._last = np.empty(self.vocab, np.float32)
+            out.append(other)
+        return out
+
+    def step_batch(self, parts: list[tuple["CompiledSession", list[int]]]) -> list[np.ndarray]:
+        """One step over several sequences (sessions from sequences()), each with its own ids:
+        every row's logits, per sequence [rows, vocab], bitwise what each session's own step
+        with all_logits would return, and each cache as it would leave it."""
+        if not parts:
+            raise InputError("step_batch: no sequences")
+        ids, slots, rows = [], [], []
+        for session, tokens in parts:
+            if session._handle is not self._handle:
+                raise InputError("step_batch: a sequence of another library instance (use sequences())")
+            part = np.ascontiguousarray(check_tokens(tokens, self.config.vocab_size))
+            ids.append(part)
+            slots.append(session.slot)
+            rows.append(part.size)
+        if len(set(slots)) != len(slots):
+            raise InputError("step_batch: a sequence is given twice")
+        flat = np.ascontiguousarray(np.concatenate(ids), np.int32)
+        slot_ids, row_counts = np.array(slots, np.int32), np.array(rows, np.int32)
+        pasts = [session.past for session, _ in parts]
+        for (session, _), part, past in zip(parts, ids, pasts):
+            if past + part.size <= self.n_ctx:
+                session._history[past:past + part.size] = part
+        out = np.empty((flat.size, self.vocab), np.float32)
+        self._check(self.lib.step_batch(self._handle, len(parts), slot_ids.ctypes.data, row_counts.ctypes.data,
+                                        flat.ctypes.data, out.ctypes.data))
+        return np.split(out, np.cumsum(rows)[:-1])
+
     @property
     def past(self) -> int:
-        return self.lib.past(self._handle)
+        return self.lib.past(self._use())
 
     @property
     def threads(self) -> int:
@@ -154,11 +214,11 @@ class CompiledSession:
         return self._history[:self.past].tolist()
 
     def reset(self) -> None:
-        self.lib.reset(self._handle)
+        self.lib.reset(self._use())
 
     def truncate(self, n_past: int) -> None:
         """Forgets the cached tokens from position n_past on; those before it stay."""
-        self._check(self.lib.truncate(self._handle, n_past))
+        self._check(self.lib.truncate(self._use(), n_past))
 
     def step(self, tokens, all_logits: bool = False) -> np.ndarray:
         ids = np.ascontiguousarray(check_tokens(tokens, self.config.vocab_size))
@@ -167,7 +227,7 @@ class CompiledSession:
             # recorded before the call, so the record up to past is right whenever the call returns
             self._history[past:past + ids.size] = ids
         out = np.empty((ids.size, self.vocab), np.float32) if all_logits else self._last
-        self._check(self.lib.step(self._handle, ids.ctypes.data, ids.size, out.ctypes.data, int(all_logits)))
+        self._check(self.lib.step(self._use(), ids.ctypes.data, ids.size, out.ctypes.data, int(all_logits)))
         return out if all_logits else out.copy()
 
     def read_cache(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
@@ -176,13 +236,13 @@ class CompiledSession:
         out = []
         for array in (0, 1):  # the signature's state arrays: cache_k, cache_v
             rows = np.empty((self.past, cfg.num_key_value_heads, cfg.head_dim), np.float32)
-            self._check(self.lib.read_state(self._handle, array, layer, rows.ctypes.data))
+            self._check(self.lib.read_state(self._use(), array, layer, rows.ctypes.data))
             out.append(rows.transpose(1, 0, 2).copy())
         return out[0], out[1]
 
     def raw_step(self, ids: np.ndarray, out: np.ndarray, all_logits: bool = False) -> int:
         """The library call alone, without Python's checks: for tests of the C side's own checks."""
-        return self.lib.step(self._handle, ids.ctypes.data, ids.size, out.ctypes.data, int(all_logits))
+        return self.lib.step(self._use(), ids.ctypes.data, ids.size, out.ctypes.data, int(all_logits))
 
     def _check(self, rc: int) -> None:
         if rc == NC_OK:
@@ -195,9 +255,11 @@ class CompiledSession:
         raise NanocompileError(message)
 
     def close(self) -> None:
+        if not getattr(self, "_owner", True):
+            return  # a sequence of another session's library: that session frees it
         if getattr(self, "_handle", None) and self._handle.value:
             self.lib.free(self._handle)
-            self._handle = ctypes.c_void_p()
+            self._handle.value = None  # in place: the sequences sharing it see it closed
         if getattr(self, "_tmp", None):
             self._weights = None
             self._tmp.cleanup()

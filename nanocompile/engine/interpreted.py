@@ -5,6 +5,7 @@ context, so a rejected step leaves the state as it was (as the compiled session 
 """
 from __future__ import annotations
 
+import copy
 import functools
 
 import numpy as np
@@ -62,6 +63,36 @@ class InterpreterSession:
     def weights_bytes(self) -> int:
         """The weights' bytes in the form the graph reads (float32, or int8's and native's parts)."""
         return sum(int(np.asarray(w).nbytes) for w in self.weights.values())
+
+    def sequences(self, n: int) -> list["InterpreterSession"]:
+        """n sequences on these weights: this session and n - 1 more, each with its own cache,
+        for step_batch (the compiled library's slots)."""
+        if not 1 <= n <= self.max_chunk:
+            raise InputError(f"sequences: {n} is outside 1..{self.max_chunk}")
+        out = [self]
+        for _ in range(n - 1):
+            other = copy.copy(self)
+            other.reset()
+            out.append(other)
+        return out
+
+    def step_batch(self, parts: list[tuple["InterpreterSession", list[int]]]) -> list[np.ndarray]:
+        """What a batched step means: each sequence's rows run as its own step, every row's logits.
+        The compiled library runs the sequences' rows together and gives these same numbers (in
+        its order of operations; loopir/segments.py)."""
+        if not parts:
+            raise InputError("step_batch: no sequences")
+        if len({id(session) for session, _ in parts}) != len(parts):
+            raise InputError("step_batch: a sequence is given twice")
+        ids = [check_tokens(tokens, self.config.vocab_size) for _, tokens in parts]
+        if sum(x.size for x in ids) > self.max_chunk:
+            raise InputError(f"step_batch: {sum(x.size for x in ids)} rows; a batched step takes at most "
+                             f"{self.max_chunk}")
+        for (session, _), x in zip(parts, ids):
+            if session.past + x.size > session.n_ctx:
+                raise ContextFullError(f"context is full: {session.past} cached + {x.size} new tokens exceed "
+                                       f"n_ctx = {session.n_ctx}")
+        return [session.step(x, all_logits=True) for (session, _), x in zip(parts, ids)]
 
     def reset(self) -> None:
         cfg = self.config

@@ -31,6 +31,10 @@ SIGNATURES = {
     "output_row": (_i32, []),
     "max_chunk": (_i32, []),
     "read_state": (_c_int, [_p, _i32, _i32, _p]),
+    "set_slots": (_c_int, [_p, _i32]),
+    "slots": (_i32, [_p]),
+    "select": (_c_int, [_p, _i32]),
+    "step_batch": (_c_int, [_p, _i32, _p, _p, _p, _p]),
 }
 
 

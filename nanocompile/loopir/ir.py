@@ -301,6 +301,9 @@ class Buffer:
     size: Expr      # elements
     kind: str       # weight | const | input | state | arena | output
     note: str = ""  # logical shape, e.g. "f32[seq, 896]"
+    # elements per row where the buffer is stored row by row, its first dimension seq and the rest
+    # constant (f32[seq, 896]: 896), so rows r0.. of it start at element r0 * row_size; else 0
+    row_size: int = 0
 
 
 @dataclass

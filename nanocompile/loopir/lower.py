@@ -30,6 +30,15 @@ UNARY = {"neg", "sqrt", "reciprocal", "exp", "sin", "cos", "rint"}
 BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "less_equal": "<="}
 
 
+def row_size(shape) -> int:
+    """Elements per row of a buffer of this logical shape stored contiguously, if it is stored row
+    by row (its first dimension seq, the others constant); else 0 (Buffer.row_size)."""
+    if not shape or Expr.of(shape[0]) != Expr.sym("seq"):
+        return 0
+    rest = [Expr.of(d) for d in shape[1:]]
+    return product(rest).as_int() if all(d.is_const for d in rest) else 0
+
+
 class LoweringError(ValueError):
     pass
 
@@ -463,9 +472,9 @@ class Lowering:
                 stack.extend(self.g.nodes[i].args)
         return used
 
-    def buffer(self, name: str, dtype: str, size: Expr, kind: str, note: str) -> str:
+    def buffer(self, name: str, dtype: str, size: Expr, kind: str, note: str, shape: tuple = ()) -> str:
         if name not in self.prog.buffers:
-            self.prog.buffers[name] = Buffer(name, dtype, size, kind, note)
+            self.prog.buffers[name] = Buffer(name, dtype, size, kind, note, row_size(shape))
         return name
 
     def out_buffer(self, n: Node) -> V.View:
@@ -474,9 +483,9 @@ class Lowering:
         name = next((o for o in self.outputs.get(n.id, ()) if o not in self.written_outputs), None)
         if name is not None:
             self.written_outputs.add(name)
-            buffer = self.buffer("out_" + identifier(name), n.dtype, product(n.shape), "output", note)
+            buffer = self.buffer("out_" + identifier(name), n.dtype, product(n.shape), "output", note, n.shape)
         else:
-            buffer = self.buffer(f"t{n.id}", n.dtype, product(n.shape), "arena", note)
+            buffer = self.buffer(f"t{n.id}", n.dtype, product(n.shape), "arena", note, n.shape)
         return V.contiguous(buffer, n.shape)
 
     def state_view(self, node: Node) -> V.View:
@@ -507,8 +516,8 @@ class Lowering:
         """Copies an output that no kernel stored (a view of a source, or a second name for a
         value) into its own buffer."""
         note = f"{n.dtype}[{', '.join(str(d) for d in n.shape)}]"
-        out = V.contiguous(self.buffer("out_" + identifier(name), n.dtype, product(n.shape), "output", note),
-                           n.shape)
+        out = V.contiguous(self.buffer("out_" + identifier(name), n.dtype, product(n.shape), "output", note,
+                                       n.shape), n.shape)
         kb = KernelBuilder("output")
         p_out = kb.param(out.base, n.dtype, "write")
         body = KernelBody(self, kb, n.shape)
@@ -526,7 +535,7 @@ class Lowering:
             if self.sig.state_named(a["name"]):
                 return self.state_view(n)
             note = f"{n.dtype}[{', '.join(str(d) for d in n.shape)}]"
-            name = self.buffer("in_" + identifier(a["name"]), n.dtype, product(n.shape), "input", note)
+            name = self.buffer("in_" + identifier(a["name"]), n.dtype, product(n.shape), "input", note, n.shape)
             return V.contiguous(name, n.shape)
         if op == "weight":
             spec = self.sig.weight_named(a["name"])
