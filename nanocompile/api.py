@@ -80,6 +80,12 @@ class Model:
         model._setup(loaded, session, seed, progress, precision, n_threads, _lookup(lookup))
         return model
 
+    def view(self, session) -> "Model":
+        """This model on another session of the same weights (a sequence of a batcher): its own KV
+        cache and generation, this one's settings and its own sampling generator."""
+        return Model.from_session(self.loaded, session, progress=self.progress, precision=self.precision,
+                                  n_threads=self.n_threads, lookup=self.lookup or False)
+
     def _setup(self, loaded, session, seed: int, progress: bool, precision: str, n_threads: int,
                lookup: LookupParams | None) -> None:
         self.loaded, self.session = loaded, session

@@ -16,6 +16,9 @@ from .common import (add_lookup_flags, add_model_flags, add_sampling_flags, open
                      sampling_from, set_blas_threads)
 
 
+MAX_PARALLEL = 64  # sequences; a batched step takes at most the library's chunk of rows
+
+
 def bind(host: str, port: int) -> socket.socket:
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
@@ -29,6 +32,8 @@ def cmd_serve(args) -> int:
     defaults = sampling_from(args)  # bad flags are refused before the model loads
     if args.queue < 0:
         raise NanocompileError(f"--queue must be >= 0, got {args.queue}")
+    if not 1 <= args.parallel <= MAX_PARALLEL:
+        raise NanocompileError(f"--parallel must be from 1 to {MAX_PARALLEL}, got {args.parallel}")
     try:
         import uvicorn
 
@@ -39,12 +44,19 @@ def cmd_serve(args) -> int:
     sock = bind(args.host, args.port)
     model = open_model(args, args.ctx_size)
     model.progress = False  # no prompt bars for requests
+    if args.parallel > 1 and model.backend != "compiled":
+        raise NanocompileError("--parallel needs the compiled backend (its batched step)")
     app = create_app(model, model_id=args.alias, api_key=api_key, max_queue=args.queue, max_body=args.max_body,
-                     defaults=defaults)
+                     defaults=defaults, parallel=args.parallel)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
+    cfg = model.config
+    cache = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4 * model.n_ctx / 2 ** 20
+    at_once = "one request at a time" if args.parallel == 1 else \
+        f"{args.parallel} requests at a time, their decoding batched"
     print(f"nanocompile: serving {args.alias or model.name} on http://{shown}:{port}/v1 (context {model.n_ctx} "
-          f"tokens, one request at a time, {args.queue} more may wait{', API key required' if api_key else ''}"
+          f"tokens, {at_once}, KV cache {cache:.0f} MiB each, {cache * args.parallel:.0f} MiB in all; "
+          f"{args.queue} more may wait{', API key required' if api_key else ''}"
           f"{', prompt lookup on' if model.lookup else ''})",
           file=sys.stderr, flush=True)
 
@@ -79,6 +91,9 @@ def add_parser(sub) -> None:
     serve.add_argument("--alias", help="the model's name in /v1/models and in responses (default: its file name)")
     serve.add_argument("-c", "--ctx-size", type=int, help="context size in tokens (default: 4096 or the model's "
                                                          "maximum)")
+    serve.add_argument("-np", "--parallel", type=int, default=1, metavar="N",
+                       help="requests answered at once, each with a KV cache of its own (-c tokens), their decoding "
+                            "steps run as one batched step (llama-server's flag; default 1)")
     serve.add_argument("--queue", type=int, default=32, help="requests that may wait while one is answered; more "
                                                              "get 503 (default 32)")
     serve.add_argument("--max-body", type=int, default=8 << 20, help="largest request body in bytes (default 8 MiB)")

@@ -13,7 +13,7 @@ import asyncio
 import hmac
 import json
 import time
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
@@ -28,8 +28,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..api import Model
 from ..engine import constrain
 from ..engine import tools as tool_calls
+from ..engine.batcher import Batcher
 from ..engine.checks import check_tokens
 from ..engine.sampling import SamplingParams
+from ..engine.stream import common_prefix
 from ..errors import ContextFullError, InputError, ModelError, NanocompileError
 from . import metrics as metrics_format
 from . import openai_format as fmt
@@ -116,12 +118,16 @@ class EventStream(StreamingResponse):
 
 
 def create_app(model: Model, *, model_id: str | None = None, api_key: str | None = None, max_queue: int = 32,
-               max_body: int = MAX_BODY, defaults: dict | None = None) -> FastAPI:
+               max_body: int = MAX_BODY, defaults: dict | None = None, parallel: int = 1) -> FastAPI:
     """The server's application for one model. defaults: sampling keyword arguments of
-    Model.create_completion for requests that leave them out (the serve command's flags)."""
+    Model.create_completion for requests that leave them out (the serve command's flags).
+    parallel: requests answered at once, each in a sequence of its own (a KV cache each), their
+    decoding steps run together (engine/batcher.py); 1: one at a time on the model itself."""
     model_id = model_id or model.name
     defaults = dict(defaults or {})
-    engine = Engine(max_queue)
+    batcher = Batcher(model.session, parallel) if parallel > 1 else None
+    lanes = [model.view(s) for s in batcher.sequences] if batcher else [model]
+    engine = Engine(max_queue, lanes, affinity=lambda lane, job: common_prefix(lane.session.tokens, job.prompt))
     metrics = Metrics(engine)
     started = int(time.time())
 
@@ -129,6 +135,8 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
     async def lifespan(app: FastAPI):
         yield
         engine.close()
+        if batcher is not None:
+            batcher.close()
 
     app = FastAPI(title="nanocompile", lifespan=lifespan, strict_content_type=False, docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json")
@@ -278,23 +286,24 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
 
         arrived = time.monotonic()
 
-        def work(should_stop):
-            for index in range(body.n):
-                seed = kwargs.get("seed")
-                choice = {**kwargs, **({"seed": (seed + index) % 2 ** 64} if seed is not None else {})}
-                begun = time.monotonic()
-                result = model.create_completion(ids, max_tokens=max_tokens, stop_token_ids=stop_token_ids,
-                                                 stream=body.stream, should_stop=should_stop, logprobs=body.top(),
-                                                 grammar=grammar, **choice)
-                for item in result if body.stream else [result]:
-                    if item.timings is not None:  # the choice's last chunk, or its whole answer
-                        metrics.answered(item.timings, begun - arrived)
-                    yield fmt.Choice(index, item)
-                if should_stop():
-                    return
+        def work(should_stop, lane: Model):
+            with generating(lane):
+                for index in range(body.n):
+                    seed = kwargs.get("seed")
+                    choice = {**kwargs, **({"seed": (seed + index) % 2 ** 64} if seed is not None else {})}
+                    begun = time.monotonic()
+                    result = lane.create_completion(ids, max_tokens=max_tokens, stop_token_ids=stop_token_ids,
+                                                    stream=body.stream, should_stop=should_stop, logprobs=body.top(),
+                                                    grammar=grammar, **choice)
+                    for item in result if body.stream else [result]:
+                        if item.timings is not None:  # the choice's last chunk, or its whole answer
+                            metrics.answered(item.timings, begun - arrived)
+                        yield fmt.Choice(index, item)
+                    if should_stop():
+                        return
 
         try:
-            job = engine.submit(work)
+            job = engine.submit(work, ids)
         except QueueFull:
             return error_response(503, f"the server is busy: {engine.max_queue} requests are already waiting",
                                   "server_error", code="queue_full", headers={"Retry-After": "1"})
@@ -351,6 +360,12 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         return {**kwargs, "stop": body.stop}
 
     return app
+
+
+def generating(lane: Model):
+    """While a request generates in a sequence of a batcher, its rounds wait for it."""
+    session = lane.session
+    return session.generating() if hasattr(session, "batcher") else nullcontext()
 
 
 async def _all(job: Job) -> list:

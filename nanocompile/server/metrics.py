@@ -32,7 +32,8 @@ class _WorkerState:
         yield CounterMetricFamily("nanocompile_tokens_generated", "tokens generated, every request",
                                   value=state["tokens_generated"])
         yield GaugeMetricFamily("nanocompile_queue_length", "requests waiting for the worker", value=state["queued"])
-        yield GaugeMetricFamily("nanocompile_busy", "1 while a request is being answered", value=int(state["busy"]))
+        yield GaugeMetricFamily("nanocompile_busy", "requests being answered (at most the slots, --parallel)",
+                                value=state["slots_busy"])
 
 
 class Metrics:

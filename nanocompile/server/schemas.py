@@ -328,6 +328,8 @@ class Health(BaseModel):
     n_ctx: int
     queued: int
     busy: bool
+    slots: int       # requests answered at once (--parallel)
+    slots_busy: int  # of them, answering now
     max_queue: int
     requests: RequestCounts
     tokens_generated: int

@@ -1,10 +1,13 @@
-"""One model, one KV cache, one generation at a time: requests wait in a bounded queue and a
-single worker thread runs them in order of arrival, off the event loop.
+"""Requests wait in a bounded queue and worker threads run them in order of arrival, off the
+event loop: one worker per lane, a lane being what a generation runs on (a model and its KV cache;
+with --parallel N, one of the N sequences whose decoding steps run together, engine/batcher.py).
 
-A job is a function run in the worker thread: given should_stop, it yields what the request
-answers with (chunks of a stream, or one whole result). Its items reach the event loop through an
-asyncio queue. Cancelling a waiting job removes it from the queue at once; cancelling the running
-job makes should_stop() true, and generation stops before the next token (or prompt chunk).
+A job is a function run in a worker thread: given should_stop and its lane, it yields what the
+request answers with (chunks of a stream, or one whole result). Its items reach the event loop
+through an asyncio queue. A waiting job goes to a free lane, the one whose cached tokens share the
+longest start with its prompt where the engine is told how to ask (affinity), as llama-server picks
+a slot. Cancelling a waiting job removes it from the queue at once; cancelling a running job makes
+should_stop() true, and generation stops before the next token (or prompt chunk), freeing its lane.
 """
 from __future__ import annotations
 
@@ -12,9 +15,9 @@ import asyncio
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Iterable
+from typing import Any, AsyncIterator, Callable, Iterable, Sequence
 
-Work = Callable[[Callable[[], bool]], Iterable[Any]]
+Work = Callable[[Callable[[], bool], Any], Iterable[Any]]
 
 
 class QueueFull(Exception):
@@ -34,8 +37,8 @@ class _Failure:
 
 
 class Job:
-    def __init__(self, work: Work, loop: asyncio.AbstractEventLoop):
-        self.work, self.loop = work, loop
+    def __init__(self, work: Work, loop: asyncio.AbstractEventLoop, prompt: Sequence[int] = ()):
+        self.work, self.loop, self.prompt = work, loop, prompt
         self.items: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
         self.started = False
@@ -71,31 +74,39 @@ class Stats:
 
 
 class Engine:
-    def __init__(self, max_queue: int):
+    def __init__(self, max_queue: int, lanes: Sequence[Any] = (None,),
+                 affinity: Callable[[Any, Job], int] | None = None):
+        """lanes: what each worker hands its jobs (one worker each); affinity(lane, job): how well
+        a free lane suits a waiting job (the tokens its cache shares with the prompt)."""
         self.max_queue = max_queue
+        self.lanes = list(lanes)
+        self.affinity = affinity
         self.stats = Stats()
         self._waiting: deque[Job] = deque()
-        self._running: Job | None = None
+        self._running: list[Job | None] = [None] * len(self.lanes)
+        self._assigned: list[Job | None] = [None] * len(self.lanes)
         self._closed = False
         self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._loop, name="nanocompile-generation", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._loop, args=(i,), name=f"nanocompile-generation-{i}",
+                                          daemon=True) for i in range(len(self.lanes))]
+        for t in self._threads:
+            t.start()
 
-    def submit(self, work: Work) -> Job:
+    def submit(self, work: Work, prompt: Sequence[int] = ()) -> Job:
         """Queues work; raises QueueFull when max_queue jobs are already waiting."""
-        job = Job(work, asyncio.get_running_loop())
+        job = Job(work, asyncio.get_running_loop(), prompt)
         with self._cond:
             if self._closed:
                 raise ShuttingDown()
-            if len(self._waiting) >= self.max_queue:
+            if len(self._waiting) >= self.max_queue and not self._free():
                 self.stats.rejected += 1
                 raise QueueFull()
             self._waiting.append(job)
-            self._cond.notify()
+            self._dispatch()
         return job
 
     def cancel(self, job: Job) -> None:
-        """The client is gone: a waiting job leaves the queue now, the running one stops at its
+        """The client is gone: a waiting job leaves the queue now, a running one stops at its
         next token. A job that has finished is left as it is."""
         with self._cond:
             if job.cancelled.is_set():
@@ -108,33 +119,51 @@ class Engine:
 
     def state(self) -> dict:
         with self._cond:
-            return {"queued": len(self._waiting), "busy": self._running is not None, "max_queue": self.max_queue,
+            running = sum(j is not None for j in self._running) + sum(j is not None for j in self._assigned)
+            return {"queued": len(self._waiting), "busy": running > 0, "slots": len(self.lanes),
+                    "slots_busy": running, "max_queue": self.max_queue,
                     "requests": {"done": self.stats.done, "cancelled": self.stats.cancelled,
                                  "failed": self.stats.failed, "rejected": self.stats.rejected},
                     "tokens_generated": self.stats.tokens}
 
     def close(self) -> None:
-        """Stops taking jobs; cancels those waiting and the one running."""
+        """Stops taking jobs; cancels those waiting and those running."""
         with self._cond:
             self._closed = True
-            jobs = list(self._waiting) + ([self._running] if self._running else [])
-            self._cond.notify()
+            jobs = list(self._waiting) + [j for j in self._running + self._assigned if j is not None]
+            self._cond.notify_all()
         for job in jobs:
             self.cancel(job)
 
-    def _loop(self) -> None:
+    def _free(self) -> list[int]:
+        return [i for i in range(len(self.lanes)) if self._running[i] is None and self._assigned[i] is None]
+
+    def _dispatch(self) -> None:
+        """Hands waiting jobs to free lanes, in order of arrival (holding _cond)."""
+        free = self._free()
+        while self._waiting and free:
+            job = self._waiting.popleft()
+            lane = max(free, key=lambda i: self.affinity(self.lanes[i], job)) if self.affinity and len(free) > 1 \
+                else free[0]
+            free.remove(lane)
+            self._assigned[lane] = job
+        self._cond.notify_all()
+
+    def _loop(self, lane: int) -> None:
         while True:
             with self._cond:
-                while not self._waiting and not self._closed:
+                while self._assigned[lane] is None and not self._closed:
                     self._cond.wait()
-                if not self._waiting:
+                job = self._assigned[lane]
+                if job is None:
                     return
-                job = self._running = self._waiting.popleft()
+                self._assigned[lane], self._running[lane] = None, job
                 job.started = True
             outcome = "done"
             try:
-                for item in job.work(job.cancelled.is_set):
-                    self.stats.tokens += len(getattr(item, "tokens", ()))
+                for item in job.work(job.cancelled.is_set, self.lanes[lane]):
+                    with self._cond:
+                        self.stats.tokens += len(getattr(item, "tokens", ()))
                     job.push(item)
             except Exception as e:  # reported to the request's client; the server goes on
                 outcome = "failed"
@@ -144,5 +173,6 @@ class Engine:
                     outcome = "cancelled"
                 job.push(_END)
                 with self._cond:
-                    self._running = None
+                    self._running[lane] = None
                     setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+                    self._dispatch()

@@ -1,0 +1,201 @@
+"""Several generations on one compiled library at once, their decoding steps run together.
+
+A Batcher holds n sequences of one CompiledSession (its library's slots, each with its own KV
+cache). Each sequence is used by a thread of its own exactly as a session is used alone (the one
+generation loop, engine/stream.py, with its sampling, stops, grammars and prompt-lookup drafts):
+only its step() differs. A step waits for a scheduler thread, which each round runs either
+
+  - the decoding steps waiting (one row, or the rows of a verify step: every row's logits) of
+    every sequence as one batched step (CompiledSession.step_batch: one pass over the weights),
+    first waiting up to `gather` seconds for every generating sequence to ask, or
+  - one prompt chunk (many rows, only the last row's logits) as that sequence's own step,
+
+alternating between the two while both wait, so a newcomer's prompt holds the others up for at
+most one chunk at a time. Every sequence gets bitwise the logits its own steps would give it
+(the batched step's guarantee), so every answer is the one it gets alone.
+
+Calls into the library (a step, truncate, past, reading the cache) hold one lock: the library
+runs one call at a time, and its selected slot is part of every call.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import InputError
+
+GATHER_SECONDS = 0.004  # how long a round waits for the generating sequences that have not asked yet
+
+
+@dataclass
+class _Request:
+    ids: list[int]
+    all_logits: bool
+    batched: bool  # a decoding step (one row, or every row's logits); else a prompt chunk alone
+    done: threading.Event = field(default_factory=threading.Event)
+    result: np.ndarray | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class BatchStats:
+    batched_steps: int = 0   # rounds that ran decoding steps together
+    batched_rows: int = 0    # their rows
+    prompt_chunks: int = 0   # rounds that ran one prompt chunk
+
+
+class Batcher:
+    def __init__(self, session, n: int, gather: float = GATHER_SECONDS):
+        if not hasattr(session, "step_batch"):
+            raise InputError(f"batched decoding needs the compiled backend, not {getattr(session, 'backend_name', '?')}")
+        self.session = session
+        self.gather = gather
+        self.lock = threading.RLock()  # every library call
+        self.sequences = [BatchedSequence(self, s) for s in session.sequences(n)]
+        self.stats = BatchStats()
+        self._cond = threading.Condition()
+        self._waiting: dict[BatchedSequence, _Request] = {}
+        self._generating: set[BatchedSequence] = set()
+        self._closed = False
+        self._last_was_batch = False
+        self._thread = threading.Thread(target=self._loop, name="nanocompile-batcher", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    # called by the sequences' threads ------------------------------------------------------------
+    def _ask(self, seq: "BatchedSequence", request: _Request) -> np.ndarray:
+        with self._cond:
+            if self._closed:
+                raise InputError("the batcher is closed")
+            self._waiting[seq] = request
+            self._cond.notify_all()
+        request.done.wait()
+        if request.error is not None:
+            raise request.error
+        return request.result
+
+    @contextmanager
+    def generating(self, seq: "BatchedSequence"):
+        """While a sequence generates, a round of decoding steps waits (up to `gather`) for it."""
+        with self._cond:
+            self._generating.add(seq)
+        try:
+            yield seq
+        finally:
+            with self._cond:
+                self._generating.discard(seq)
+                self._cond.notify_all()
+
+    # the scheduler -------------------------------------------------------------------------------
+    def _take(self) -> list[tuple["BatchedSequence", _Request]] | None:
+        """The next round's requests (called holding _cond): a batch of decoding steps, or one
+        prompt chunk; None when closed."""
+        while not self._waiting:
+            if self._closed:
+                return None
+            self._cond.wait()
+        deadline = time.monotonic() + self.gather
+        while not self._closed and not self._generating <= self._waiting.keys():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._cond.wait(left)
+        batched = [(s, r) for s, r in self._waiting.items() if r.batched]
+        alone = [(s, r) for s, r in self._waiting.items() if not r.batched]
+        if alone and (not batched or self._last_was_batch):
+            taken = alone[:1]
+        else:
+            taken, rows = [], 0
+            for s, r in batched:  # in order of asking, as many rows as one pass takes
+                if rows + len(r.ids) > self.session.max_chunk and taken:
+                    break
+                taken.append((s, r))
+                rows += len(r.ids)
+        for s, _ in taken:
+            del self._waiting[s]
+        self._last_was_batch = taken[0][1].batched
+        return taken
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                taken = self._take()
+            if taken is None:
+                return
+            try:
+                with self.lock:
+                    if taken[0][1].batched:
+                        rows = self.session.step_batch([(s.session, r.ids) for s, r in taken])
+                        self.stats.batched_steps += 1
+                        self.stats.batched_rows += sum(len(r.ids) for _, r in taken)
+                        for (_, r), out in zip(taken, rows):
+                            r.result = out if r.all_logits else out[-1].copy()
+                    else:
+                        (s, r), = taken
+                        r.result = s.session.step(r.ids, all_logits=r.all_logits)
+                        self.stats.prompt_chunks += 1
+            except BaseException as e:  # each asker raises it: a bad step fails its requests only
+                for _, r in taken:
+                    r.error = e
+            for _, r in taken:
+                r.done.set()
+
+
+class BatchedSequence:
+    """One sequence of a Batcher: the session interface (step, truncate, reset, past, tokens,
+    read_cache, and what describes the model), its steps run by the batcher."""
+
+    def __init__(self, batcher: Batcher, session):
+        self.batcher, self.session = batcher, session
+        self.slot = session.slot
+
+    def __getattr__(self, name):  # config, n_ctx, vocab, max_chunk, precision, rows_exact, backend_name, ...
+        return getattr(self.session, name)
+
+    def generating(self):
+        return self.batcher.generating(self)
+
+    def step(self, tokens, all_logits: bool = False) -> np.ndarray:
+        ids = [int(t) for t in np.asarray(tokens).reshape(-1)]
+        batched = all_logits or len(ids) == 1
+        if len(ids) > self.session.max_chunk:
+            batched = False  # more rows than one pass: the library runs them in chunks, alone
+        return self.batcher._ask(self, _Request(ids, all_logits, batched))
+
+    @property
+    def past(self) -> int:
+        with self.batcher.lock:
+            return self.session.past
+
+    @property
+    def tokens(self) -> list[int]:
+        with self.batcher.lock:
+            return self.session.tokens
+
+    def truncate(self, n_past: int) -> None:
+        with self.batcher.lock:
+            self.session.truncate(n_past)
+
+    def reset(self) -> None:
+        with self.batcher.lock:
+            self.session.reset()
+
+    def read_cache(self, layer: int):
+        with self.batcher.lock:
+            return self.session.read_cache(layer)
+
+    def set_threads(self, n: int) -> None:
+        with self.batcher.lock:
+            self.session.set_threads(n)
+
+    def close(self) -> None:
+        """The batcher's owner closes the library."""
