@@ -38,15 +38,16 @@ def schedule(rng, vocab: int) -> list[list[tuple[int, list[int]]]]:
     steps = [[(0, ids(5)), (1, ids(1)), (2, ids(9))], [(0, ids(1)), (1, ids(1)), (2, ids(1))],
              [(2, ids(1)), (3, ids(4)), (0, ids(1)), (1, ids(1))], [(1, ids(1)), (0, ids(3)), (3, ids(1)), (2, ids(1))]]
     steps += [[(0, ids(1)), (2, ids(1)), (3, ids(1))] for _ in range(3)]
-    return steps
+    # every row's logits, or the last row's alone (a prompt chunk's), by turns
+    return [[(i, x, (k + j) % 2 == 0) for j, (i, x) in enumerate(step)] for k, step in enumerate(steps)]
 
 
 def run_batched(sessions, steps):
-    return [sessions[0].step_batch([(sessions[i], ids) for i, ids in step]) for step in steps]
+    return [sessions[0].step_batch([(sessions[i], ids, every) for i, ids, every in step]) for step in steps]
 
 
 def run_alone(sessions, steps):
-    return [[sessions[i].step(ids, all_logits=True) for i, ids in step] for step in steps]
+    return [[sessions[i].step(ids, all_logits=every) for i, ids, every in step] for step in steps]
 
 
 def assert_same(got, want, sessions_a, sessions_b, layers: int):
@@ -152,7 +153,7 @@ def test_batched_step_refuses_bad_input_and_changes_nothing():
     ids, out = np.array([1, 2], np.int32), np.empty((2, cfg.vocab_size), np.float32)
     for slots, rows in (([0, 0], [1, 1]), ([0, 5], [1, 1]), ([0, 1], [2, 0])):
         slots, rows = np.array(slots, np.int32), np.array(rows, np.int32)
-        assert lib.step_batch(h, 2, slots.ctypes.data, rows.ctypes.data, ids.ctypes.data, out.ctypes.data) == 1
+        assert lib.step_batch(h, 2, slots.ctypes.data, rows.ctypes.data, None, ids.ctypes.data, out.ctypes.data) == 1
         assert [x.past for x in s] == pasts
     with pytest.raises(InputError, match="outside 1..96"):
         session.sequences(0)
@@ -172,12 +173,13 @@ def test_real_model_batched_decoding_is_each_sequence_alone(real_model):
     sequence joining late: logits and caches bitwise those of the same sequences run alone."""
     from nanocompile.engine.open import open_session
 
-    native = open_session(real_model, "compiled", n_ctx=256, threads=2)
-    other = open_session(real_model, "compiled", n_ctx=256, threads=2)
+    native = open_session(real_model, "compiled", n_ctx=256, threads=2, precision="auto")
+    other = open_session(real_model, "compiled", n_ctx=256, threads=2, precision="auto")
     a, b = native.sequences(4), other.sequences(4)
     prompts = [real_prompt_ids(real_model, p) for p in ("code", "english", "chat")]
-    steps = [[(0, prompts[0]), (1, prompts[1])], [(0, [262]), (1, [13]), (2, prompts[2])],
-             [(0, [264]), (1, [11]), (2, [198]), (3, [40, 41])], [(2, [25]), (3, [42]), (0, [220])]]
+    steps = [[(0, prompts[0], False), (1, prompts[1], True)], [(0, [262], True), (1, [13], False), (2, prompts[2], False)],
+             [(0, [264], False), (1, [11], True), (2, [198], True), (3, [40, 41], True)],
+             [(2, [25], False), (3, [42], True), (0, [220], True)]]
     assert_same(run_batched(a, steps), run_alone(b, steps), a, b, real_model.config.num_hidden_layers)
     native.close()
     other.close()

@@ -108,8 +108,8 @@ def test_eight_concurrent_clients_get_their_answers_alone(tiny_chat_model):
 
 
 def test_the_batcher_runs_decoding_steps_together_and_prompts_between(tiny_chat_model):
-    """Four generations in four threads on one batcher: the tokens each gets alone; decoding
-    steps ran as batched steps of several rows, prompt chunks one at a time."""
+    """Four generations in four threads on one batcher: the tokens each gets alone; their steps,
+    prompt chunks (32 tokens) and decoding alike, ran as batched steps of several sequences."""
     session = compiled(tiny_chat_model)
     batcher = Batcher(session, 4)
     reference = compiled(tiny_chat_model)
@@ -133,7 +133,7 @@ def test_the_batcher_runs_decoding_steps_together_and_prompts_between(tiny_chat_
     batcher.close()
     assert got == want
     s = batcher.stats
-    assert s.batched_rows > s.batched_steps > 0 and s.prompt_chunks >= 4
+    assert s.batched_rows > s.sequences > s.batched_steps > 0 and s.alone == 0
     assert s.batched_steps < 4 * 20  # steps of several sequences, not one each
 
 
@@ -184,7 +184,7 @@ def test_real_model_concurrent_answers_are_the_answers_alone(real_model):
     different lengths, greedy and sampled with seeds: each answer is the one it gets alone."""
     from nanocompile.engine.open import open_session
 
-    session = open_session(real_model, "compiled", n_ctx=512, threads=2)
+    session = open_session(real_model, "compiled", n_ctx=512, threads=2, precision="auto")
     model = Model.from_session(real_model, session)
     prompts = [real_model.tokenizer.decode(real_prompt_ids(real_model, p)) for p in ("code", "english", "chat")]
     bodies = [{"prompt": prompts[i % 3], "max_tokens": 6 + 5 * i, "temperature": 0 if i < 3 else 0.8,

@@ -11,7 +11,7 @@ import json
 import jinja2
 
 from ..ir.signature import identifier
-from ..loopir.ir import Load, Poly, format_kernel
+from ..loopir.ir import DTYPE_BYTES, Load, Poly, format_kernel
 from ..loopir.traverse import loops, walk
 from ..target import compiler_flags
 from .cexpr import C_TYPES, float_literal, statements
@@ -107,8 +107,35 @@ def _batch_data(module: Module, args: Arguments) -> dict | None:
               "args": [segment_arg(a) if i in group_of else args(a) for a in c.args]}
              for i, c in enumerate(prog.calls)]
     group_calls = sum(last - first + 1 for first, last in module.batch_groups)
+    compact = _compaction(prog, plan, module.batch_groups)
     return {"arena": arena, "calls": calls, "arena_bytes": plan.arena_bytes, "group_calls": group_calls,
-            "groups": [{"first": first, "last": last} for first, last in module.batch_groups]}
+            "groups": [{"first": first, "last": last} for first, last in module.batch_groups],
+            "compact_at": compact[0] if compact else len(prog.calls), "compact": compact[1] if compact else []}
+
+
+def _compaction(prog, plan, groups) -> tuple[int, list[dict]] | None:
+    """Where a batched step keeps only the rows whose output is wanted (each sequence's last row,
+    or all of a verify step's): after the last per-sequence group every call is row by row, so the
+    buffers alive across that point are moved down to the wanted rows and the calls after it run
+    over those rows alone (the last layer's MLP and the head, for a prompt chunk one row of many).
+    (the call index, [{offset, row bytes}] of those buffers), or None where one is not stored by
+    rows or nothing follows the groups."""
+    if not groups:
+        return None
+    at = groups[-1][1] + 1
+    if at >= len(prog.calls):
+        return None
+    before = {a for c in prog.calls[:at] for a in c.args}
+    after = {a for c in prog.calls[at:] for a in c.args}
+    moved = []
+    for name in sorted(before & after):
+        b = prog.buffers[name]
+        if b.kind in ("weight", "const"):
+            continue
+        if b.kind != "arena" or not b.row_size:
+            return None
+        moved.append({"name": name, "offset": plan.slots[name].offset, "row_bytes": b.row_size * DTYPE_BYTES[b.dtype]})
+    return at, moved
 
 
 def template_data(module: Module) -> dict:

@@ -1,21 +1,20 @@
-"""Several generations on one compiled library at once, their decoding steps run together.
+"""Several generations on one compiled library at once, their steps run together.
 
 A Batcher holds n sequences of one CompiledSession (its library's slots, each with its own KV
 cache). Each sequence is used by a thread of its own exactly as a session is used alone (the one
 generation loop, engine/stream.py, with its sampling, stops, grammars and prompt-lookup drafts):
-only its step() differs. A step waits for a scheduler thread, which each round runs either
+only its step() differs. A step waits for a scheduler thread, which each round runs every step
+waiting, of every sequence, as one batched step (CompiledSession.step_batch: one pass over the
+weights for all of them), after waiting up to `gather` seconds for the generating sequences that
+have not asked yet: decoding steps (one row), verify steps (every row's logits) and chunks of a
+newcomer's prompt (its last row's logits only: the others never reach the head). Prompts are fed
+`prompt_chunk` tokens at a time (the sequences' max_chunk), so a newcomer adds at most that many
+rows to the others' steps, its prompt riding on passes over the weights they make anyway. A step
+of more rows than one pass takes runs alone. Every sequence gets bitwise the logits its own
+steps would give it (the batched step's guarantee), so every answer is the one it gets alone.
 
-  - the decoding steps waiting (one row, or the rows of a verify step: every row's logits) of
-    every sequence as one batched step (CompiledSession.step_batch: one pass over the weights),
-    first waiting up to `gather` seconds for every generating sequence to ask, or
-  - one prompt chunk (many rows, only the last row's logits) as that sequence's own step,
-
-alternating between the two while both wait, so a newcomer's prompt holds the others up for at
-most one chunk at a time. Every sequence gets bitwise the logits its own steps would give it
-(the batched step's guarantee), so every answer is the one it gets alone.
-
-Calls into the library (a step, truncate, past, reading the cache) hold one lock: the library
-runs one call at a time, and its selected slot is part of every call.
+Calls into the library (a step, truncate, reading the cache) hold one lock: the library runs one
+call at a time, and its selected slot is part of every call.
 """
 from __future__ import annotations
 
@@ -29,13 +28,14 @@ import numpy as np
 from ..errors import InputError
 
 GATHER_SECONDS = 0.004  # how long a round waits for the generating sequences that have not asked yet
+PROMPT_CHUNK = 32  # prompt tokens a sequence feeds a round
 
 
 @dataclass
 class _Request:
     ids: list[int]
     all_logits: bool
-    batched: bool  # a decoding step (one row, or every row's logits); else a prompt chunk alone
+    batched: bool  # a step of the batch; else one of more rows than a pass takes, run alone
     done: threading.Event = field(default_factory=threading.Event)
     result: np.ndarray | None = None
     error: BaseException | None = None
@@ -43,17 +43,19 @@ class _Request:
 
 @dataclass
 class BatchStats:
-    batched_steps: int = 0   # rounds that ran decoding steps together
+    batched_steps: int = 0   # rounds that ran steps together
     batched_rows: int = 0    # their rows
-    prompt_chunks: int = 0   # rounds that ran one prompt chunk
+    sequences: int = 0       # the sequences' steps in them
+    alone: int = 0           # steps of more rows than a pass takes, run alone
 
 
 class Batcher:
-    def __init__(self, session, n: int, gather: float = GATHER_SECONDS):
+    def __init__(self, session, n: int, gather: float = GATHER_SECONDS, prompt_chunk: int = PROMPT_CHUNK):
         if not hasattr(session, "step_batch"):
             raise InputError(f"batched decoding needs the compiled backend, not {getattr(session, 'backend_name', '?')}")
         self.session = session
         self.gather = gather
+        self.prompt_chunk = max(1, min(prompt_chunk, session.max_chunk))
         self.lock = threading.RLock()  # every library call
         self.sequences = [BatchedSequence(self, s) for s in session.sequences(n)]
         self.stats = BatchStats()
@@ -61,7 +63,6 @@ class Batcher:
         self._waiting: dict[BatchedSequence, _Request] = {}
         self._generating: set[BatchedSequence] = set()
         self._closed = False
-        self._last_was_batch = False
         self._thread = threading.Thread(target=self._loop, name="nanocompile-batcher", daemon=True)
         self._thread.start()
 
@@ -97,8 +98,8 @@ class Batcher:
 
     # the scheduler -------------------------------------------------------------------------------
     def _take(self) -> list[tuple["BatchedSequence", _Request]] | None:
-        """The next round's requests (called holding _cond): a batch of decoding steps, or one
-        prompt chunk; None when closed."""
+        """The next round's requests (called holding _cond): as many of the steps waiting, in
+        order of asking, as one pass takes; or one step of more rows, alone; None when closed."""
         while not self._waiting:
             if self._closed:
                 return None
@@ -109,20 +110,17 @@ class Batcher:
             if left <= 0:
                 break
             self._cond.wait(left)
-        batched = [(s, r) for s, r in self._waiting.items() if r.batched]
-        alone = [(s, r) for s, r in self._waiting.items() if not r.batched]
-        if alone and (not batched or self._last_was_batch):
-            taken = alone[:1]
+        waiting = list(self._waiting.items())
+        if not waiting[0][1].batched:
+            taken = waiting[:1]
         else:
             taken, rows = [], 0
-            for s, r in batched:  # in order of asking, as many rows as one pass takes
-                if rows + len(r.ids) > self.session.max_chunk and taken:
-                    break
-                taken.append((s, r))
-                rows += len(r.ids)
+            for s, r in waiting:
+                if r.batched and rows + len(r.ids) <= self.session.max_chunk:
+                    taken.append((s, r))
+                    rows += len(r.ids)
         for s, _ in taken:
             del self._waiting[s]
-        self._last_was_batch = taken[0][1].batched
         return taken
 
     def _loop(self) -> None:
@@ -134,15 +132,16 @@ class Batcher:
             try:
                 with self.lock:
                     if taken[0][1].batched:
-                        rows = self.session.step_batch([(s.session, r.ids) for s, r in taken])
+                        rows = self.session.step_batch([(s.session, r.ids, r.all_logits) for s, r in taken])
                         self.stats.batched_steps += 1
                         self.stats.batched_rows += sum(len(r.ids) for _, r in taken)
+                        self.stats.sequences += len(taken)
                         for (_, r), out in zip(taken, rows):
-                            r.result = out if r.all_logits else out[-1].copy()
+                            r.result = out
                     else:
                         (s, r), = taken
                         r.result = s.session.step(r.ids, all_logits=r.all_logits)
-                        self.stats.prompt_chunks += 1
+                        self.stats.alone += 1
             except BaseException as e:  # each asker raises it: a bad step fails its requests only
                 for _, r in taken:
                     r.error = e
@@ -157,6 +156,9 @@ class BatchedSequence:
     def __init__(self, batcher: Batcher, session):
         self.batcher, self.session = batcher, session
         self.slot = session.slot
+        # the positions held, kept here: only this sequence's own calls change them, and asking the
+        # library would wait for the lock a batched step of the others holds
+        self._past = session.past
 
     def __getattr__(self, name):  # config, n_ctx, vocab, max_chunk, precision, rows_exact, backend_name, ...
         return getattr(self.session, name)
@@ -164,30 +166,35 @@ class BatchedSequence:
     def generating(self):
         return self.batcher.generating(self)
 
+    @property
+    def max_chunk(self) -> int:
+        """The most tokens the generation loop feeds a step of a prompt: the batcher's prompt chunk."""
+        return self.batcher.prompt_chunk
+
     def step(self, tokens, all_logits: bool = False) -> np.ndarray:
         ids = [int(t) for t in np.asarray(tokens).reshape(-1)]
-        batched = all_logits or len(ids) == 1
-        if len(ids) > self.session.max_chunk:
-            batched = False  # more rows than one pass: the library runs them in chunks, alone
-        return self.batcher._ask(self, _Request(ids, all_logits, batched))
+        batched = len(ids) <= self.session.max_chunk  # more rows than a pass: the library's chunks, alone
+        out = self.batcher._ask(self, _Request(ids, all_logits, batched))
+        self._past += len(ids)
+        return out
 
     @property
     def past(self) -> int:
-        with self.batcher.lock:
-            return self.session.past
+        return self._past
 
     @property
     def tokens(self) -> list[int]:
-        with self.batcher.lock:
-            return self.session.tokens
+        return self.session._history[:self._past].tolist()
 
     def truncate(self, n_past: int) -> None:
         with self.batcher.lock:
             self.session.truncate(n_past)
+        self._past = n_past
 
     def reset(self) -> None:
         with self.batcher.lock:
             self.session.reset()
+        self._past = 0
 
     def read_cache(self, layer: int):
         with self.batcher.lock:

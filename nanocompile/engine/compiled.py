@@ -170,32 +170,36 @@ class CompiledSession:
             out.append(other)
         return out
 
-    def step_batch(self, parts: list[tuple["CompiledSession", list[int]]]) -> list[np.ndarray]:
-        """One step over several sequences (sessions from sequences()), each with its own ids:
-        every row's logits, per sequence [rows, vocab], bitwise what each session's own step
-        with all_logits would return, and each cache as it would leave it."""
+    def step_batch(self, parts: list[tuple]) -> list[np.ndarray]:
+        """One step over several sequences (sessions from sequences()): parts of (session, ids) or
+        (session, ids, all_logits). Per sequence, what its own step(ids, all_logits) would return,
+        bitwise: every row's logits [rows, vocab] (the default here), or the last row's [vocab];
+        and each cache as its step would leave it. Only the rows asked for reach the head."""
         if not parts:
             raise InputError("step_batch: no sequences")
-        ids, slots, rows = [], [], []
-        for session, tokens in parts:
+        ids, slots, rows, every = [], [], [], []
+        for part in parts:
+            session, tokens, *rest = part
             if session._handle is not self._handle:
                 raise InputError("step_batch: a sequence of another library instance (use sequences())")
-            part = np.ascontiguousarray(check_tokens(tokens, self.config.vocab_size))
-            ids.append(part)
+            x = np.ascontiguousarray(check_tokens(tokens, self.config.vocab_size))
+            ids.append(x)
             slots.append(session.slot)
-            rows.append(part.size)
+            rows.append(x.size)
+            every.append(bool(rest[0]) if rest else True)
         if len(set(slots)) != len(slots):
             raise InputError("step_batch: a sequence is given twice")
         flat = np.ascontiguousarray(np.concatenate(ids), np.int32)
-        slot_ids, row_counts = np.array(slots, np.int32), np.array(rows, np.int32)
-        pasts = [session.past for session, _ in parts]
-        for (session, _), part, past in zip(parts, ids, pasts):
-            if past + part.size <= self.n_ctx:
-                session._history[past:past + part.size] = part
-        out = np.empty((flat.size, self.vocab), np.float32)
+        slot_ids, row_counts, all_rows = (np.array(x, np.int32) for x in (slots, rows, every))
+        pasts = [part[0].past for part in parts]
+        for part, x, past in zip(parts, ids, pasts):
+            if past + x.size <= self.n_ctx:
+                part[0]._history[past:past + x.size] = x
+        kept = [n if all_ else 1 for n, all_ in zip(rows, every)]
+        out = np.empty((sum(kept), self.vocab), np.float32)
         self._check(self.lib.step_batch(self._handle, len(parts), slot_ids.ctypes.data, row_counts.ctypes.data,
-                                        flat.ctypes.data, out.ctypes.data))
-        return np.split(out, np.cumsum(rows)[:-1])
+                                        all_rows.ctypes.data, flat.ctypes.data, out.ctypes.data))
+        return [o if all_ else o[0] for o, all_ in zip(np.split(out, np.cumsum(kept)[:-1]), every)]
 
     @property
     def past(self) -> int:

@@ -76,23 +76,24 @@ class InterpreterSession:
             out.append(other)
         return out
 
-    def step_batch(self, parts: list[tuple["InterpreterSession", list[int]]]) -> list[np.ndarray]:
-        """What a batched step means: each sequence's rows run as its own step, every row's logits.
+    def step_batch(self, parts: list[tuple]) -> list[np.ndarray]:
+        """What a batched step means: each sequence's rows run as its own step. parts: (session, ids)
+        or (session, ids, all_logits); per sequence its step's logits (every row's by default).
         The compiled library runs the sequences' rows together and gives these same numbers (in
         its order of operations; loopir/segments.py)."""
         if not parts:
             raise InputError("step_batch: no sequences")
-        if len({id(session) for session, _ in parts}) != len(parts):
+        if len({id(part[0]) for part in parts}) != len(parts):
             raise InputError("step_batch: a sequence is given twice")
-        ids = [check_tokens(tokens, self.config.vocab_size) for _, tokens in parts]
+        ids = [check_tokens(part[1], self.config.vocab_size) for part in parts]
         if sum(x.size for x in ids) > self.max_chunk:
             raise InputError(f"step_batch: {sum(x.size for x in ids)} rows; a batched step takes at most "
                              f"{self.max_chunk}")
-        for (session, _), x in zip(parts, ids):
-            if session.past + x.size > session.n_ctx:
-                raise ContextFullError(f"context is full: {session.past} cached + {x.size} new tokens exceed "
-                                       f"n_ctx = {session.n_ctx}")
-        return [session.step(x, all_logits=True) for (session, _), x in zip(parts, ids)]
+        for part, x in zip(parts, ids):
+            if part[0].past + x.size > part[0].n_ctx:
+                raise ContextFullError(f"context is full: {part[0].past} cached + {x.size} new tokens exceed "
+                                       f"n_ctx = {part[0].n_ctx}")
+        return [part[0].step(x, all_logits=bool(part[2]) if len(part) > 2 else True) for part, x in zip(parts, ids)]
 
     def reset(self) -> None:
         cfg = self.config

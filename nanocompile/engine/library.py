@@ -34,7 +34,7 @@ SIGNATURES = {
     "set_slots": (_c_int, [_p, _i32]),
     "slots": (_i32, [_p]),
     "select": (_c_int, [_p, _i32]),
-    "step_batch": (_c_int, [_p, _i32, _p, _p, _p, _p]),
+    "step_batch": (_c_int, [_p, _i32, _p, _p, _p, _p, _p]),
 }
 
 
