@@ -516,6 +516,22 @@ def stream_open(server, body):
     return cm, response.iter_lines()
 
 
+def stream_lines(server, body) -> list[str]:
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+        return list(r.iter_lines())
+
+
+def waiting_request(server, body) -> socket.socket:
+    """A streaming request sent over a socket of its own, its answer not read: one that waits in
+    the queue (whose response has not begun) and can hang up."""
+    host, port = server.url[len("http://"):].split(":")
+    data = json.dumps({**body, "stream": True}).encode()
+    s = socket.create_connection((host, int(port)))
+    s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return s
+
+
 def wait_for(server, condition, timeout=30.0) -> dict:
     end = time.time() + timeout
     while not condition(health := server.health()):
@@ -529,19 +545,23 @@ def test_a_full_queue_answers_503_and_a_client_that_leaves_frees_its_place_at_on
     long = {"prompt": "hello", "max_tokens": 200, **GREEDY}  # 200 steps of at least 50 ms: 10 s or more
     a, a_lines = stream_open(server, long)
     next(line for line in a_lines if line.startswith("data: "))  # A is being answered
-    b, _ = stream_open(server, long)  # B waits
+    b = waiting_request(server, long)  # B waits: its response (headers too) comes with its first token
     wait_for(server, lambda h: h["queued"] == 1)
     full = post(server, "/v1/completions", long)
     assert full.status_code == 503 and full.headers["retry-after"] == "1"
     assert full.json()["error"]["code"] == "queue_full"
-    b.__exit__(None, None, None)  # B hangs up while it waits: its place is free while A still runs
+    b.close()  # B hangs up while it waits: its place is free while A still runs
     health = wait_for(server, lambda h: h["queued"] == 0)
     assert health["busy"] and health["requests"]["cancelled"] == 1
-    d, d_lines = stream_open(server, {"prompt": "hi", "max_tokens": 3, **GREEDY})
+    d_lines = []  # D waits in a thread of its own: its response begins when it runs
+    d = threading.Thread(target=lambda: d_lines.extend(
+        stream_lines(server, {"prompt": "hi", "max_tokens": 3, **GREEDY})))
+    d.start()
+    wait_for(server, lambda h: h["queued"] == 1)
     a.__exit__(None, None, None)  # A hangs up: generation stops at its next token, D runs
+    d.join(60)
     lines = [line for line in d_lines if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
-    d.__exit__(None, None, None)
     health = wait_for(server, lambda h: not h["busy"])
     assert health["requests"] == {"done": 1, "cancelled": 2, "failed": 0, "rejected": 1}
     assert health["tokens_generated"] < 200 + 3  # A did not run to its end

@@ -103,8 +103,23 @@ class FrontDoor:
 
 class EventStream(StreamingResponse):
     """Server-sent events that stop as soon as the client disconnects (whatever ASGI version the
-    server speaks): the body's iterator is cancelled, and its cleanup cancels the job."""
+    server speaks): the body's iterator is cancelled, and its cleanup cancels the job. The headers
+    go with the first event, not before it: a request still waiting in the queue has been sent
+    nothing, so a load balancer may send it to another replica if this one dies (docs/SERVER.md)."""
     media_type = "text/event-stream"
+
+    async def stream_response(self, send: Send) -> None:
+        started = False
+        async for chunk in self.body_iterator:
+            if not isinstance(chunk, bytes | memoryview):
+                chunk = chunk.encode(self.charset)
+            if not started:
+                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+                started = True
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        if not started:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async with anyio.create_task_group() as tasks:
