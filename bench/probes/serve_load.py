@@ -2,6 +2,13 @@
 at 1, 4 and 16 concurrent clients, and that every request was answered exactly once.
 
     python -m bench.probes.serve_load [-m default] [--clients 1,4,16] [--per-client 2] [--max-tokens 32]
+                                      [--parallel N] [--peer] [--rounds R]
+
+--parallel N: the server answers N requests at once, their decoding batched (serve --parallel).
+--peer: llama.cpp's llama-server (the binary NANOCOMPILE_LLAMA_SERVER names, docs/SERVER.md) with
+the same slots on the same file, each engine in its own process, alternating over --rounds rounds:
+aggregate decode tokens per second per level, ours over the peer's, and ours at each level over
+ours at one client.
 
 Starts the server (127.0.0.1, a free port, two threads), warms it up with one request, then for
 each level C runs C clients at once, each sending --per-client streaming chat requests one after
@@ -27,8 +34,8 @@ import tempfile
 import threading
 import time
 
-from ..support.measure import append, summary
-from ..support.server import ServerProcess
+from ..support.measure import append, machine, summary
+from ..support.server import LLAMA_SERVER, LlamaServerProcess, ServerProcess
 
 TOPICS = ["sorting a list", "parsing a date", "reading a CSV file", "merging two dicts", "a binary search",
           "counting words", "reversing a string", "checking for a prime", "flattening a list", "a stack class"]
@@ -72,7 +79,8 @@ async def level(base: str, clients: int, per_client: int, max_tokens: int, first
         return [await one_request(http, base, first_number + c * per_client + k, max_tokens)
                 for k in range(per_client)]
 
-    limits = httpx.Limits(max_connections=clients + 2)
+    # a connection per request: a server may close an idle kept-alive one just as it is reused
+    limits = httpx.Limits(max_connections=clients + 2, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=httpx.Timeout(900), limits=limits) as http:
         t0 = time.perf_counter()
         runs = await asyncio.gather(*(client_loop(c, http) for c in range(clients)))
@@ -100,65 +108,126 @@ def check_once(results: list[dict]) -> list[str]:
     return problems
 
 
+def run_levels(base: str, levels: list[int], per_client: int, max_tokens: int, time_limit: float,
+               ours: bool) -> tuple[list[dict], list[str]]:
+    """Every level on a started server: its row per level, and what went wrong (exactly once; for
+    ours, the server's own counts too)."""
+    started = time.time()
+    rows, problems = [], []
+    asyncio.run(level(base, 1, 1, 4, -1))  # warm-up
+    number = 0
+    for clients in levels:
+        if time.time() - started > time_limit:
+            problems.append(f"time limit reached before {clients} clients")
+            break
+        before = health(base) if ours else None
+        results, wall = asyncio.run(level(base, clients, per_client, max_tokens, number))
+        number += len(results)
+        trouble = check_once(results)
+        tokens = sum(r["usage"]["completion_tokens"] for r in results if r["usage"])
+        if ours:
+            after = health(base)
+            served = after["requests"]["done"] - before["requests"]["done"]
+            generated = after["tokens_generated"] - before["tokens_generated"]
+            if served != len(results) or generated != tokens:
+                trouble.append(f"the server counted {served} requests and {generated} tokens; the clients sent "
+                               f"{len(results)} and received {tokens}")
+        problems += trouble
+        ttft = [r["ttft"] for r in results if r["ttft"] is not None]
+        # each answer's own decode speed, after its first token: what the machine gave it
+        speed = [(r["usage"]["completion_tokens"] - 1) / (r["latency"] - r["ttft"]) for r in results
+                 if r["usage"] and r["ttft"] is not None and r["usage"]["completion_tokens"] > 1]
+        row = {"clients": clients, "requests": len(results), "wall_s": wall,
+               "requests_per_s": len(results) / wall, "tokens": tokens, "tokens_per_s": tokens / wall,
+               "ttft_s": summary(ttft), "latency_s": summary([r["latency"] for r in results]),
+               "decode_tok_s_per_request": summary(speed), "lost_or_twice": len(trouble)}
+        rows.append(row)
+        print(f"{clients:3d} clients: {len(results):3d} requests in {wall:6.1f} s = {row['requests_per_s']:.3f} "
+              f"req/s, {row['tokens_per_s']:.1f} tok/s | time to first token median "
+              f"{row['ttft_s']['median']:.2f} s (min {row['ttft_s']['min']:.2f}, max {row['ttft_s']['max']:.2f}) "
+              f"| decode {row['decode_tok_s_per_request']['median']:.1f} tok/s per answer "
+              f"| lost or answered twice: {len(trouble)}", flush=True)
+    return rows, problems
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", default="default")
     ap.add_argument("--clients", default="1,4,16", help="concurrency levels")
     ap.add_argument("--per-client", type=int, default=2, help="requests each client sends, one after the other")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--time-limit", type=float, default=1800, help="seconds for the whole run")
+    ap.add_argument("--parallel", type=int, default=1, help="requests the server answers at once (serve --parallel)")
+    ap.add_argument("--peer", action="store_true", help=f"llama-server with the same slots (${LLAMA_SERVER})")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds, the engines alternating in each")
+    ap.add_argument("--time-limit", type=float, default=1800, help="seconds for each engine's run of the levels")
     ap.add_argument("--no-append", action="store_true", help="do not append to bench/results.jsonl")
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.clients.split(",")]
-    server = ServerProcess(args.model, ["-q", "-c", "2048", "--queue", str(max(levels) * 2)])
-    base = server.url
-    started = time.time()
+    ctx = 2048
+    peer = os.environ.get(LLAMA_SERVER) if args.peer else None
+    if args.peer and not peer:
+        print(f"--peer needs ${LLAMA_SERVER}: the path of a llama-server binary (docs/SERVER.md)", file=sys.stderr)
+        return 2
+    model_file = None
+    if peer:
+        from nanocompile.models import load_model
+        model_file = str(load_model(args.model, progress=False).source)
     load_before = os.getloadavg()  # other work on the machine shows here: two cores are shared
-    rows, problems = [], []
-    try:
-        asyncio.run(level(base, 1, 1, 4, -1))  # warm-up
-        number = 0
-        for clients in levels:
-            if time.time() - started > args.time_limit:
-                problems.append(f"time limit reached before {clients} clients")
-                break
-            before = health(base)
-            results, wall = asyncio.run(level(base, clients, args.per_client, args.max_tokens, number))
-            number += len(results)
-            after = health(base)
-            trouble = check_once(results)
-            tokens = sum(r["usage"]["completion_tokens"] for r in results if r["usage"])
-            served = after["requests"]["done"] - before["requests"]["done"]
-            generated = after["tokens_generated"] - before["tokens_generated"]
-            if served != len(results) or generated != tokens:
-                trouble.append(f"the server counted {served} requests and {generated} tokens; the clients sent "
-                               f"{len(results)} and received {tokens}")
-            problems += trouble
-            ttft = [r["ttft"] for r in results if r["ttft"] is not None]
-            # each answer's own decode speed, after its first token: what the machine gave it
-            speed = [(r["usage"]["completion_tokens"] - 1) / (r["latency"] - r["ttft"]) for r in results
-                     if r["usage"] and r["ttft"] is not None and r["usage"]["completion_tokens"] > 1]
-            row = {"clients": clients, "requests": len(results), "wall_s": wall,
-                   "requests_per_s": len(results) / wall, "tokens": tokens, "tokens_per_s": tokens / wall,
-                   "ttft_s": summary(ttft), "latency_s": summary([r["latency"] for r in results]),
-                   "decode_tok_s_per_request": summary(speed),
-                   "lost_or_twice": len(trouble)}
-            rows.append(row)
-            print(f"{clients:3d} clients: {len(results):3d} requests in {wall:6.1f} s = {row['requests_per_s']:.3f} "
-                  f"req/s, {row['tokens_per_s']:.1f} tok/s | time to first token median "
-                  f"{row['ttft_s']['median']:.2f} s (min {row['ttft_s']['min']:.2f}, max {row['ttft_s']['max']:.2f}) "
-                  f"| decode {row['decode_tok_s_per_request']['median']:.1f} tok/s per answer "
-                  f"| lost or answered twice: {len(trouble)}", flush=True)
-    finally:
-        server.stop()
+    runs, problems = {"nanocompile": [], "llama-server": []}, []
+    for r in range(args.rounds):
+        engines = ["nanocompile"] + (["llama-server"] if peer else [])
+        for engine in engines if r % 2 == 0 else engines[::-1]:
+            print(f"round {r}: {engine}, {args.parallel} slots", flush=True)
+            if engine == "nanocompile":
+                server = ServerProcess(args.model, ["-q", "-c", str(ctx), "--queue", str(max(levels) * 2),
+                                                    "--parallel", str(args.parallel)])
+            else:
+                server = LlamaServerProcess(peer, model_file, args.parallel, ctx)
+            try:
+                rows, trouble = run_levels(server.url, levels, args.per_client, args.max_tokens, args.time_limit,
+                                           engine == "nanocompile")
+            finally:
+                server.stop()
+            runs[engine].append(rows)
+            problems += [f"{engine}: {t}" for t in trouble]
+    comparison = compare(runs, levels) if peer else {}
     for p in problems:
         print("PROBLEM:", p)
     if not args.no_append:
-        append({"bench": "serve_load", "model": args.model, "loadavg_before": load_before,
-                "loadavg_after": os.getloadavg(), "max_tokens": args.max_tokens,
-                "per_client": args.per_client, "n_ctx": 2048, "levels": rows, "problems": problems,
-                "note": "one model, one KV cache: requests are answered one at a time, in order of arrival"})
+        append({"bench": "serve_load", "model": args.model, "machine": machine(), "loadavg_before": load_before,
+                "loadavg_after": os.getloadavg(), "max_tokens": args.max_tokens, "per_client": args.per_client,
+                "n_ctx": ctx, "parallel": args.parallel, "rounds": args.rounds, "levels": runs["nanocompile"][0],
+                "runs": runs, "comparison": comparison, "problems": problems,
+                "note": "one model, one KV cache: requests are answered one at a time, in order of arrival"
+                if args.parallel == 1 else f"{args.parallel} slots, decoding steps batched"})
     return 1 if problems else 0
+
+
+def compare(runs: dict, levels: list[int]) -> dict:
+    """Per level, medians over the rounds: ours over the peer's aggregate tokens per second, ours at
+    the level over ours at one client, and each answer's decode speed over a lone client's."""
+    import statistics
+
+    out = {}
+    ours, theirs = runs["nanocompile"], runs["llama-server"]
+    for i, clients in enumerate(levels):
+        pairs = [(a[i], b[i]) for a, b in zip(ours, theirs) if len(a) > i and len(b) > i]
+        if not pairs:
+            continue
+        ratio = statistics.median(a["tokens_per_s"] / b["tokens_per_s"] for a, b in pairs)
+        scale = statistics.median(a[i]["tokens_per_s"] / a[0]["tokens_per_s"] for a in ours if len(a) > i)
+        per = statistics.median(a[i]["decode_tok_s_per_request"]["median"] / a[0]["decode_tok_s_per_request"]["median"]
+                                for a in ours if len(a) > i)
+        peer_scale = statistics.median(b[i]["tokens_per_s"] / b[0]["tokens_per_s"] for b in theirs if len(b) > i)
+        out[clients] = {"ours_over_peer": ratio, "ours_over_one_client": scale, "per_client_over_lone": per,
+                        "peer_over_one_client": peer_scale,
+                        "ours_tok_s": [a["tokens_per_s"] for a, _ in pairs],
+                        "peer_tok_s": [b["tokens_per_s"] for _, b in pairs]}
+        print(f"{clients:3d} clients: aggregate ours/llama-server {ratio:.2f}x (rounds "
+              f"{', '.join(f'{a[0]:.0f}/{a[1]:.0f}' for a in zip(out[clients]['ours_tok_s'], out[clients]['peer_tok_s']))}"
+              f" tok/s); ours {scale:.2f}x one client (llama-server {peer_scale:.2f}x); "
+              f"each answer {per:.2f}x a lone one's decode", flush=True)
+    return out
 
 
 if __name__ == "__main__":

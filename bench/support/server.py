@@ -61,3 +61,41 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             return self.process.wait(timeout)
+
+
+LLAMA_SERVER = "NANOCOMPILE_LLAMA_SERVER"  # the path of a llama-server binary (docs/SERVER.md, Batched decoding)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return s.getsockname()[1]
+
+
+class LlamaServerProcess(ServerProcess):
+    """llama.cpp's own server, llama-server, on a model file: the peer of `serve --parallel`.
+    slots: its -np (each slot gets ctx tokens: -c is the slots' total); 2 threads like ours."""
+
+    def __init__(self, binary: str, model_file: str, slots: int, ctx: int, timeout: float = 600):
+        import httpx
+
+        port = free_port()
+        self.argv = [binary, "-m", str(model_file), "--host", "127.0.0.1", "--port", str(port), "-t", str(THREADS),
+                     "-tb", str(THREADS), "-np", str(slots), "-c", str(ctx * slots), "-ngl", "0", "--no-webui"]
+        self.process = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines = []
+        threading.Thread(target=lambda: self.lines.extend(self.process.stderr), daemon=True).start()
+        self.url = f"http://127.0.0.1:{port}"
+        end = time.time() + timeout
+        while True:
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.process.poll() is not None or time.time() > end:
+                self.process.kill()
+                raise RuntimeError(f"llama-server did not start ({' '.join(self.argv)}):\n{self.log[-3000:]}")
+            time.sleep(0.2)
+
