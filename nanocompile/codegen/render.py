@@ -86,8 +86,10 @@ def _variant_data(module: Module, name: str, args: Arguments) -> dict:
 
 
 def _batch_data(module: Module, args: Arguments) -> dict | None:
-    """The batched step (loopir/segments.py): the "all" variant's calls, those of a per-sequence
-    group passing each buffer stored row by row from the segment's first row (r0)."""
+    """The batched step (loopir/segments.py): the "all" variant's calls; a per-sequence group's
+    call runs once for all sequences, each sequence's part passing the buffers stored row by row
+    from its first row (r0) and its own place for each buffer the group keeps to itself
+    (scattered: [heads, seq, ...], sized by its rows and past at step time)."""
     if module.batch_plan is None:
         return None
     prog, plan = module.variants["all"], module.batch_plan
@@ -96,9 +98,15 @@ def _batch_data(module: Module, args: Arguments) -> dict | None:
              for s in sorted(plan.slots.values(), key=lambda s: (s.first, s.buffer))]
     group_of = {i: g for g, (first, last) in enumerate(module.batch_groups) for i in range(first, last + 1)}
     kernel_ids = {name: i for i, name in enumerate(module.kernels)}
+    scattered = sorted({a for i in group_of for a in prog.calls[i].args
+                        if prog.buffers[a].kind == "arena" and not prog.buffers[a].row_size},
+                       key=lambda n: (int(n[1:]) if n[1:].isdigit() else 0, n))
+    place = {name: k for k, name in enumerate(scattered)}
 
     def segment_arg(name: str) -> str:
         b = prog.buffers[name]
+        if name in place:
+            return f"({C_TYPES[b.dtype]} *)AT({place[name]})"
         if b.kind in ("arena", "input", "output") and b.row_size:
             return f"{args(name)} + r0 * {b.row_size}"
         return args(name)
@@ -106,11 +114,17 @@ def _batch_data(module: Module, args: Arguments) -> dict | None:
     calls = [{"kernel": c.kernel, "kernel_id": kernel_ids[c.kernel], "group": group_of.get(i, -1),
               "args": [segment_arg(a) if i in group_of else args(a) for a in c.args]}
              for i, c in enumerate(prog.calls)]
-    group_calls = sum(last - first + 1 for first, last in module.batch_groups)
     compact = _compaction(prog, plan, module.batch_groups)
-    return {"arena": arena, "calls": calls, "arena_bytes": plan.arena_bytes, "group_calls": group_calls,
+    return {"arena": arena, "calls": calls, "arena_bytes": plan.arena_bytes,
             "groups": [{"first": first, "last": last} for first, last in module.batch_groups],
+            "scattered": [{"name": n, "note": prog.buffers[n].note, "group": _group_of_buffer(prog, n, group_of),
+                           "bytes": f"({prog.buffers[n].size}) * {DTYPE_BYTES[prog.buffers[n].dtype]}"}
+                          for n in scattered],
             "compact_at": compact[0] if compact else len(prog.calls), "compact": compact[1] if compact else []}
+
+
+def _group_of_buffer(prog, name: str, group_of: dict) -> int:
+    return next(group_of[i] for i, c in enumerate(prog.calls) if name in c.args)
 
 
 def _compaction(prog, plan, groups) -> tuple[int, list[dict]] | None:

@@ -32,7 +32,7 @@ from ..loopir.ir import Kernel, Program, format_program
 from ..loopir.link import link
 from ..loopir.lower import lower
 from ..loopir.plan import MemoryPlan, plan_memory
-from ..loopir.segments import BatchError, group_spans, segment_groups
+from ..loopir.segments import BatchError, segment_groups
 from ..loopir.separate import separate
 from ..passes.cse import cse
 from ..passes.fold import fold_constants
@@ -97,8 +97,9 @@ def run_schedule(c: Compilation) -> None:
 def run_memory(c: Compilation) -> None:
     past = c.options.max_past if c.options.max_past is not None else c.signature.max_positions
     c.plans = {v: plan_memory(p, c.options.max_chunk, past) for v, p in c.programs.items()}
-    # the batched step (several sequences' rows, every row's output) is the "all" variant's calls,
-    # its per-sequence groups run once per sequence: their shared buffers live longer
+    # the batched step (several sequences' rows) runs the "all" variant's calls in order, a call of
+    # a per-sequence group once for each sequence (its own buffers in a scratch of their own), so
+    # the "all" variant's plan serves it
     every_row = c.programs.get("all")
     if every_row is not None and c.signature.state:
         try:
@@ -106,7 +107,7 @@ def run_memory(c: Compilation) -> None:
         except BatchError:
             c.batch_groups = []
         else:
-            c.batch_plan = plan_memory(every_row, c.options.max_chunk, past, group_spans(every_row, c.batch_groups))
+            c.batch_plan = c.plans["all"]
 
 
 STAGES = {"cse": run_cse, "fold": run_fold, "fusion": run_fusion, "lower": run_lower, "link": run_link,

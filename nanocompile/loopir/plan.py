@@ -56,11 +56,9 @@ def lifetimes(prog: Program) -> dict[str, tuple[int, int]]:
     return {n: (a, b) for n, (a, b) in span.items()}
 
 
-def plan_memory(prog: Program, max_chunk: int, max_ctx: int, spans: dict | None = None) -> MemoryPlan:
-    """spans: each buffer's lifetime where it is not lifetimes(prog)'s (a batched step's,
-    loopir/segments.py)."""
+def plan_memory(prog: Program, max_chunk: int, max_ctx: int) -> MemoryPlan:
     bound = {"seq": max_chunk, "past": max_ctx}
-    live = spans or lifetimes(prog)
+    live = lifetimes(prog)
     slots: dict[str, Slot] = {}
     placed: list[Slot] = []
     unshared = 0

@@ -1,16 +1,16 @@
-"""Batched steps: which calls of a program run once over the rows of several sequences, and which
-run once per sequence.
+"""Batched steps: which calls of a program compute each row alone, and which compute for one
+sequence.
 
 A batched step takes rows of several sequences (segments), each with its own state and its own
 past. A call whose kernel reads `past` or touches state computes for one sequence: the batch runs
-it once per segment, with seq = the segment's rows, past = its past, its state, and every buffer
+it for every segment, with seq = the segment's rows, past = its past, its state, and every buffer
 stored row by row (Buffer.row_size) offset to the segment's first row. Every other call computes
 each row alone (a row's numbers do not depend on the rows beside it) and runs once over all rows.
 
-A buffer stored otherwise ([heads, seq, 64]: where row r lies depends on seq) can only be written
-and read with one segment's seq, so the calls between two per-sequence calls that share such a
-buffer join them: a group of consecutive calls runs for each segment in turn, all of its calls for
-one segment before the next. Every buffer a group shares with the calls outside it must be stored
+A buffer stored otherwise ([heads, seq, 64]: where row r lies depends on seq) is laid out for one
+segment's seq, so the calls that share it with a per-sequence call join it: a group of
+consecutive calls, each run for every segment, the group's own buffers in a place per segment
+(the library's scratch). Every buffer a group shares with the calls outside it must be stored
 row by row; a program where that fails has no batched step (segment_groups raises).
 
 Each segment computes exactly what it computes alone, by the same kernels in the same order: a
@@ -19,7 +19,6 @@ batched step is bitwise the steps of its sequences run one by one.
 from __future__ import annotations
 
 from .ir import Poly, Program
-from .plan import lifetimes
 from .traverse import walk
 
 
@@ -68,19 +67,3 @@ def segment_groups(prog: Program) -> list[tuple[int, int]]:
                 raise BatchError(f"{prog.name}: calls {first}..{last} compute per sequence, but share {name} "
                                  f"({b.note}), which is not stored row by row, with the calls around them")
     return groups
-
-
-def group_spans(prog: Program, groups: list[tuple[int, int]]) -> dict[str, tuple[int, int]]:
-    """Every arena buffer's lifetime (first and last call) in a batched step: a buffer a group
-    shares with the calls around it stays alive over the whole group, which runs again for every
-    segment (an input of the group is read by the next segment's run; an output written by the
-    first segment's must outlive the later segments' runs)."""
-    spans = lifetimes(prog)
-    for first, last in groups:
-        for name, (a, b) in spans.items():
-            inside = a <= last and b >= first
-            crosses = a < first or b > last
-            if inside and crosses:
-                a, b = min(a, first), max(b, last)
-                spans[name] = (a, b)
-    return spans
