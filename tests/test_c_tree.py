@@ -67,6 +67,16 @@ def test_tree_builds_and_the_driver_agrees_with_python_bitwise(tiny_tree, monkey
     for i in range(6):
         logits = s.step([int(np.argmax(logits))])
         expected.append(f"step {i} top {int(np.argmax(logits))} fnv {_fnv(logits)}")
+    # then the driver's batched steps (three slots): the same numbers from the Python side
+    s0, s1, s2 = s.sequences(3)
+    prompt = [5, 17, 42, 7]
+    last, two = s.step_batch([(s1, prompt, False), (s2, prompt[:2], True)])
+    rows = [last, *two]
+    expected += [f"batch {i} top {int(np.argmax(r))} fnv {_fnv(r)}" for i, r in enumerate(rows)]
+    vocab = s.vocab
+    nxt = [int(np.argmax(last)) % vocab, int(np.argmax(two[-1])) % vocab, int(np.argmax(logits)) % vocab]
+    rows = [r[0] for r in s.step_batch([(s1, [nxt[0]]), (s2, [nxt[1]]), (s0, [nxt[2]])])]
+    expected += [f"batch step {i} top {int(np.argmax(r))} fnv {_fnv(r)}" for i, r in enumerate(rows)]
     assert [re.sub(r" sum .*", "", line) for line in lines] == expected
 
 

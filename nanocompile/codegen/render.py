@@ -102,6 +102,7 @@ def _batch_data(module: Module, args: Arguments) -> dict | None:
                         if prog.buffers[a].kind == "arena" and not prog.buffers[a].row_size},
                        key=lambda n: (int(n[1:]) if n[1:].isdigit() else 0, n))
     place = {name: k for k, name in enumerate(scattered)}
+    arena = [b for b in arena if b["name"] not in place]  # those live in the scratch
 
     def segment_arg(name: str) -> str:
         b = prog.buffers[name]
