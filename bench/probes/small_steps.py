@@ -5,8 +5,12 @@ tokens, then steps of 1, 2, 4, 8, 16 rows, each rolled back (truncate) before th
 alternate within a round, and each size keeps the minimum and median of --rounds rounds.
 
     python -m bench.probes.small_steps [--precisions native,int8,f32] [--march x86-64-v3]
-                                       [--past 256] [--rounds 6] [--rows 1,2,4,8,16]
+                                       [--past 256] [--rounds 6] [--rows 1,2,4,8,16] [--sequences]
                                        # prints a table; appends to bench/results.jsonl
+
+--sequences: the k rows are one each of k sequences (a batched decoding step of the server,
+CompiledSession.step_batch, each sequence after a context of its own, each row's logits): k over
+the ratio is how many times one row's tokens per second a batch of k gives.
 """
 from __future__ import annotations
 
@@ -47,6 +51,27 @@ def measure(session, context: list[int], rows: list[int], rounds: int, rng) -> d
     return seconds
 
 
+def measure_sequences(session, context: list[int], rows: list[int], rounds: int, rng) -> dict[int, list[float]]:
+    """Seconds of one batched step of one row in each of k sequences, each after the context."""
+    sequences = session.sequences(max(rows))
+    for s in sequences:
+        s.reset()
+        s.step(context)
+    past = sequences[0].past
+    seconds: dict[int, list[float]] = {k: [] for k in rows}
+    for r in range(rounds + 1):
+        for k in rows[r % len(rows):] + rows[:r % len(rows)]:
+            parts = [(s, [int(rng.integers(1000, 100000))]) for s in sequences[:k]]
+            t0 = time.perf_counter()
+            session.step_batch(parts)
+            elapsed = time.perf_counter() - t0
+            for s, _ in parts:
+                s.truncate(past)
+            if r:
+                seconds[k].append(elapsed)
+    return seconds
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="the cost of a step of k rows against one row, after a context")
     ap.add_argument("--precisions", default="native,int8,f32")
@@ -54,6 +79,7 @@ def main() -> None:
     ap.add_argument("--past", type=positive_int, default=256)
     ap.add_argument("--rounds", type=positive_int, default=6)
     ap.add_argument("--rows", type=sizes, default=[1, 2, 4, 8, 16])
+    ap.add_argument("--sequences", action="store_true", help="one row in each of k sequences (a batched step)")
     args = ap.parse_args()
     pin_threads()
     from nanocompile.engine.compiled import CompiledSession
@@ -64,13 +90,15 @@ def main() -> None:
     march = args.march or detect_march()[0]
     rng = np.random.default_rng(0)
     context = [int(t) for t in rng.integers(1000, 100000, args.past)]
-    record = {"bench": "small_steps", "march": march, "past": args.past, "rounds": args.rounds, "precisions": {}}
+    record = {"bench": "small_steps", "march": march, "past": args.past, "rounds": args.rounds, "precisions": {},
+              "rows_are": "sequences" if args.sequences else "one sequence"}
     print(f"| precision ({march}) | " + " | ".join(f"{k} rows" for k in args.rows) + " |")
     print("|---" * (len(args.rows) + 1) + "|")
     for precision in args.precisions.split(","):
-        session = CompiledSession.from_weights(model.config, model.weights, n_ctx=args.past + max(args.rows) + 8, threads=THREADS,
+        session = CompiledSession.from_weights(model.config, model.weights, n_ctx=args.past + max(args.rows) + 8,
+                                               threads=THREADS,
                                                weights_key=model.key, precision=precision, march=args.march)
-        seconds = measure(session, context, args.rows, args.rounds, rng)
+        seconds = (measure_sequences if args.sequences else measure)(session, context, args.rows, args.rounds, rng)
         session.close()
         one = min(seconds[1])
         print(f"| {precision} (1 row {one * 1e3:.1f} ms) | "
