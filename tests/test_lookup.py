@@ -16,7 +16,7 @@ from helpers import real_prompt_ids
 
 from nanocompile.engine import lookup as lookup_module
 from nanocompile.engine.compiled import CompiledSession
-from nanocompile.engine.lookup import DraftLength, LookupParams, NgramIndex
+from nanocompile.engine.lookup import DraftLength, LookupParams, NgramIndex, StepCosts
 from nanocompile.engine.open import open_session
 from nanocompile.engine.sampling import Sampler, SamplingParams
 from nanocompile.engine.stream import stream
@@ -82,6 +82,29 @@ def test_the_draft_length_follows_acceptance_and_cost():
     for _ in range(20):
         length.record(1, 4, 0)  # single-token matches always rejected
     assert length.choose(16, 1) == 0
+
+
+def test_a_draft_beside_other_sequences_rows_is_priced_in_their_step():
+    """In a batched step (engine/batcher.py) a draft's rows join the others' rows: it is worth them
+    only when the step's tokens in all per second rise, so with many sequences decoding the rows
+    go to one token each."""
+    costs = StepCosts()
+    for rows in (1, 2, 4, 8, 16, 24):
+        costs.timed(rows, 0.020 * (1 + 0.25 * (rows - 1)))  # each extra row a quarter of one
+    assert costs.cost(9, beside=3) == pytest.approx(costs.seconds(12) / costs.seconds(4))
+    assert costs.cost(1, beside=7) == 1.0
+    length = DraftLength(16, costs)
+    for _ in range(20):
+        length.record(3, 8, 4)  # half of each draft kept: about 0.8 a token
+    alone, beside_3, beside_15 = (length.choose(16, 3, beside=(b, b)) for b in (0, 3, 15))
+    assert alone > beside_3 > beside_15 == 0
+    for _ in range(20):
+        length.record(3, 8, 8)  # every draft kept: worth its rows beside any number
+    assert length.choose(16, 3, beside=(15, 15)) == 16
+    assert costs.seconds(12) == pytest.approx(0.020 * (1 + 0.25 * 11))  # between the seen counts: the line
+    large = StepCosts()
+    large.timed(40, 0.200)  # a batch whose steps were all large: fewer rows at the prior's shape
+    assert 0 < large.seconds(1) < large.seconds(2) < large.seconds(40) and large.cost(5, beside=2) > 1.0
 
 
 @pytest.mark.parametrize("field, value", [("draft_max", 0), ("ngram_min", -1), ("ngram_max", 1.5),

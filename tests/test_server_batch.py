@@ -19,7 +19,8 @@ from session_wrappers import WrappedSession
 from nanocompile import Model
 from nanocompile.engine.batcher import Batcher
 from nanocompile.engine.compiled import CompiledSession
-from nanocompile.engine.stream import generate
+from nanocompile.engine.lookup import LookupParams
+from nanocompile.engine.stream import generate, stream
 from nanocompile.server import create_app
 
 pytestmark = pytest.mark.c
@@ -135,6 +136,43 @@ def test_the_batcher_runs_decoding_steps_together_and_prompts_between(tiny_chat_
     s = batcher.stats
     assert s.batched_rows > s.sequences > s.batched_steps > 0 and s.alone == 0
     assert s.batched_steps < 4 * 20  # steps of several sequences, not one each
+    # the batched steps' times by their rows in all, the table the sequences' drafts are priced by
+    assert batcher.sequences[2].step_costs is batcher.costs and max(batcher.costs.fastest) > 32
+
+
+def test_drafts_in_a_batch_keep_every_sequence_its_tokens_alone(tiny_chat_model):
+    """Prompt lookup on sequences decoding together (issue 28, point 5): each verify step is one
+    more request of the batch, its draft priced beside the others' rows; the tokens are still the
+    ones each prompt gets alone without drafts."""
+    session = compiled(tiny_chat_model)
+    batcher = Batcher(session, 3)
+    reference = compiled(tiny_chat_model)
+    rng = np.random.default_rng(3)
+    prompts = [[int(t) for t in np.tile(rng.integers(0, 300, 6 + i), 5)] for i in range(3)]  # repeating: drafts
+    want = []
+    for p in prompts:
+        reference.reset()
+        want.append(generate(reference, p, 24).tokens)
+    got: list = [None] * 3
+    drafted: list = [0] * 3
+    beside: list = [None] * 3
+
+    def run(i):
+        seq = batcher.sequences[i]
+        with seq.generating():
+            beside[i] = seq.rows_beside()
+            for piece in stream(seq, prompts[i], 24, lookup=LookupParams()):
+                pass
+            got[i], drafted[i] = piece.result.tokens, piece.result.drafted
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    batcher.close()
+    assert got == want
+    assert sum(drafted) > 0 and all(b[1] <= 2 and b[0] >= b[1] for b in beside)
 
 
 def test_queue_full_and_a_client_that_leaves_frees_its_slot(tiny_chat_model):

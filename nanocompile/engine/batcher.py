@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError
+from .lookup import StepCosts
 
 GATHER_SECONDS = 0.004  # how long a round waits for the generating sequences that have not asked yet
 PROMPT_CHUNK = 32  # prompt tokens a sequence feeds a round
@@ -59,6 +60,7 @@ class Batcher:
         self.lock = threading.RLock()  # every library call
         self.sequences = [BatchedSequence(self, s) for s in session.sequences(n)]
         self.stats = BatchStats()
+        self.costs = StepCosts()  # batched steps' times by their rows in all: the sequences' drafts weigh them
         self._cond = threading.Condition()
         self._waiting: dict[BatchedSequence, _Request] = {}
         self._generating: set[BatchedSequence] = set()
@@ -132,7 +134,9 @@ class Batcher:
             try:
                 with self.lock:
                     if taken[0][1].batched:
+                        t0 = time.perf_counter()
                         rows = self.session.step_batch([(s.session, r.ids, r.all_logits) for s, r in taken])
+                        self.costs.timed(sum(len(r.ids) for _, r in taken), time.perf_counter() - t0)
                         self.stats.batched_steps += 1
                         self.stats.batched_rows += sum(len(r.ids) for _, r in taken)
                         self.stats.sequences += len(taken)
@@ -159,6 +163,7 @@ class BatchedSequence:
         # the positions held, kept here: only this sequence's own calls change them, and asking the
         # library would wait for the lock a batched step of the others holds
         self._past = session.past
+        self.last_rows = 1  # the rows of its latest step
 
     def __getattr__(self, name):  # config, n_ctx, vocab, max_chunk, precision, rows_exact, backend_name, ...
         return getattr(self.session, name)
@@ -174,6 +179,7 @@ class BatchedSequence:
     def step(self, tokens, all_logits: bool = False) -> np.ndarray:
         ids = [int(t) for t in np.asarray(tokens).reshape(-1)]
         batched = len(ids) <= self.session.max_chunk  # more rows than a pass: the library's chunks, alone
+        self.last_rows = len(ids)
         out = self.batcher._ask(self, _Request(ids, all_logits, batched))
         self._past += len(ids)
         return out
@@ -181,6 +187,19 @@ class BatchedSequence:
     @property
     def past(self) -> int:
         return self._past
+
+    @property
+    def step_costs(self) -> StepCosts:
+        """The batched steps' times, for prompt-lookup drafts (engine/lookup.py): a draft's rows
+        are priced in the step they join, beside the others' rows."""
+        return self.batcher.costs
+
+    def rows_beside(self) -> tuple[int, int]:
+        """The rows the other generating sequences add to a step (as many as each asked for last)
+        and the tokens they yield (about one each)."""
+        with self.batcher._cond:
+            others = self.batcher._generating - {self}
+        return sum(s.last_rows for s in others), len(others)
 
     @property
     def tokens(self) -> list[int]:

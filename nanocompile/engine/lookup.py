@@ -18,11 +18,15 @@ token (per length of the n-gram that matched, decaying, so a region that stops r
 noticed within a few steps) and each row count's cost (the fastest step seen with that many
 rows; a count not yet seen at the cheapest cost per extra row seen; a prior before any),
 and drafts the k that maximises expected tokens per second; zero where nothing matches or a
-draft is not worth its cost.
+draft is not worth its cost. Where several sequences' steps run together (engine/batcher.py),
+the costs are the batched steps' (by their rows in all) and a draft is priced beside the others'
+rows: it is drafted when the step's tokens in all per second rise, so at one client the rows go to
+drafts and with many they go to one token for each sequence.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import InputError
@@ -90,41 +94,71 @@ class NgramIndex:
         return [], 0
 
 
+class StepCosts:
+    """The fastest step seen per number of rows: a generation's own, or, where several
+    generations' steps run together (engine/batcher.py), one table for all of them, timed by the
+    batcher with each step's rows in all."""
+
+    def __init__(self):
+        self.fastest: dict[int, float] = {}  # rows -> seconds
+
+    def timed(self, rows: int, seconds: float) -> None:
+        if seconds < self.fastest.get(rows, float("inf")):
+            self.fastest[rows] = seconds
+
+    def seconds(self, rows: int) -> float:
+        """A step of rows: as seen; a row count not yet seen from the fewest rows seen at the
+        cheapest cost per extra row seen since (so a CPU whose extra rows cost more than the prior
+        says is not made to try every draft length to find out, and one where larger steps are
+        cheaper per row than small ones still tries them); the prior where too little is seen."""
+        if rows in self.fastest:
+            return self.fastest[rows]
+        if not self.fastest:
+            return 1.0 + PRIOR_ROW_COST * (rows - 1)
+        least = min(self.fastest)
+        if rows < least:  # fewer rows than any step seen (a batch's steps may all be large): the prior's shape
+            return self.fastest[least] * (1.0 + PRIOR_ROW_COST * (rows - 1)) / (1.0 + PRIOR_ROW_COST * (least - 1))
+        more = [r for r in self.fastest if r > least]
+        per_row = (min(max(self.fastest[r] - self.fastest[least], 0.0) / (r - least) for r in more) if more
+                   else PRIOR_ROW_COST * self.fastest[least])
+        return self.fastest[least] + per_row * (rows - least)
+
+    def cost(self, rows: int, beside: int = 0) -> float:
+        """A step of rows beside `beside` rows of other sequences, against one row beside them."""
+        if rows <= 1:
+            return 1.0
+        return max(self.seconds(beside + rows) / self.seconds(beside + 1), 1.0)
+
+
 class DraftLength:
     """Chooses how many tokens to draft from the acceptance seen so far and the step costs."""
 
-    def __init__(self, draft_max: int):
+    def __init__(self, draft_max: int, costs: StepCosts | None = None):
         self.draft_max = draft_max
         self.counts = {n: list(c) for n, c in PRIOR_COUNTS.items()}
-        self.fastest: dict[int, float] = {}  # rows -> the fastest step seen with that many rows
+        self.costs = costs if costs is not None else StepCosts()
 
     def acceptance(self, ngram: int) -> float:
         accepted, rejected = self.counts[min(ngram, 3)]
         return accepted / (accepted + rejected)
 
-    def cost(self, rows: int) -> float:
-        """A step of rows against a step of one: as seen; a row count not yet seen at the
-        cheapest cost per extra row seen so far (so a CPU whose extra rows cost more than the
-        prior says is not made to try every draft length to find out, and one where larger
-        steps are cheaper per row than small ones still tries them); the prior before any."""
-        one = self.fastest.get(1)
-        seen = [r for r in self.fastest if r > 1]
-        if rows == 1 or not one or not seen:
-            return 1.0 + PRIOR_ROW_COST * (rows - 1)
-        if rows in self.fastest:
-            return max(self.fastest[rows] / one, 1.0)
-        per_row = min(max(self.fastest[r] / one - 1.0, 0.0) / (r - 1) for r in seen)
-        return 1.0 + per_row * (rows - 1)
+    def cost(self, rows: int, beside: int = 0) -> float:
+        return self.costs.cost(rows, beside)
 
-    def choose(self, available: int, ngram: int) -> int:
-        """Of the available drafted tokens, how many to verify (0: a plain step)."""
+    def choose(self, available: int, ngram: int, beside: tuple[int, int] = (0, 0)) -> int:
+        """Of the available drafted tokens, how many to verify (0: a plain step). beside: the
+        rows other sequences add to the same step and the tokens they yield (one a sequence): a
+        draft is worth its rows when the step's tokens in all per second rise, so where many
+        sequences decode together the rows go to one token each rather than to one sequence's
+        drafts."""
         if ngram == 0 or available == 0:
             return 0
+        rows, tokens = beside
         alpha = self.acceptance(ngram)
-        best, best_rate, expected = 0, 1.0, 1.0
+        best, best_rate, expected = 0, tokens + 1.0, 1.0
         for k in range(1, min(available, self.draft_max) + 1):
             expected += alpha ** k  # tokens a step of k drafted yields on average
-            rate = expected / self.cost(k + 1)
+            rate = (tokens + expected) / self.cost(k + 1, rows)
             if rate > best_rate:
                 best, best_rate = k, rate
         return best
@@ -135,19 +169,24 @@ class DraftLength:
         counts[1] = counts[1] * DECAY + (1 if accepted < drafted else 0)
 
     def timed(self, rows: int, seconds: float) -> None:
-        if seconds < self.fastest.get(rows, float("inf")):
-            self.fastest[rows] = seconds
+        self.costs.timed(rows, seconds)
 
 
 class Lookup:
     """One generation's drafting: the index over its context and the draft length's estimates."""
 
-    def __init__(self, params: LookupParams, context):
+    def __init__(self, params: LookupParams, context, costs: StepCosts | None = None,
+                 beside: Callable[[], tuple[int, int]] | None = None):
+        """costs: a table shared with the steps run beside this generation's (they time it); else
+        this generation's own, timed by timed(). beside: the rows the others add to a step and
+        the tokens they yield."""
         self.params = params
+        self.shared_costs = costs is not None
+        self.beside = beside or (lambda: (0, 0))
         t0 = time.perf_counter()
         self.index = NgramIndex(context, params.ngram_min, params.ngram_max)
         self.seconds = time.perf_counter() - t0  # spent indexing and drafting: reported, to show it is small
-        self.length = DraftLength(params.draft_max)
+        self.length = DraftLength(params.draft_max, costs)
         self.ngram = 0  # the length of the match the pending draft came from
 
     def chosen(self, token: int) -> None:
@@ -161,6 +200,11 @@ class Lookup:
             return []
         t0 = time.perf_counter()
         tokens, self.ngram = self.index.draft(min(room, self.params.draft_max))
-        tokens = tokens[:self.length.choose(len(tokens), self.ngram)]
+        tokens = tokens[:self.length.choose(len(tokens), self.ngram, self.beside())]
         self.seconds += time.perf_counter() - t0
         return tokens
+
+    def timed(self, rows: int, seconds: float) -> None:
+        """A step of rows of this generation's took seconds (kept unless the costs are shared)."""
+        if not self.shared_costs:
+            self.length.timed(rows, seconds)

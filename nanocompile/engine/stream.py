@@ -174,7 +174,8 @@ def stream(session, prompt_ids: list[int], max_new: int = -1, *, choose=greedy, 
         yield Piece("", [], result)
         return
     limit = max_new if max_new >= 0 else float("inf")
-    drafting = Lookup(lookup, session.tokens) if lookup is not None else None
+    drafting = (Lookup(lookup, session.tokens, getattr(session, "step_costs", None), getattr(session, "rows_beside", None))
+                if lookup is not None else None)
     rows, drafts = logits[None], []  # rows[i]: the logits after the cache's first start + i tokens
     start = session.past
     step = 1
@@ -212,7 +213,7 @@ def stream(session, prompt_ids: list[int], max_new: int = -1, *, choose=greedy, 
             s0 = time.perf_counter()
             out = session.step([token] + drafts, all_logits=bool(drafts))
             if drafting is not None:
-                drafting.length.timed(len(drafts) + 1, time.perf_counter() - s0)
+                drafting.timed(len(drafts) + 1, time.perf_counter() - s0)
             rows = out if drafts else out[None]
             start = session.past - len(drafts)
             result.drafted += len(drafts)
