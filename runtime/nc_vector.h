@@ -355,28 +355,41 @@ static inline __m256i nc_fifth_bits_8(uint32_t bits)
     __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread), own);
     return _mm256_and_si256(_mm256_cmpeq_epi8(b, own), _mm256_set1_epi8(16));
 }
-static inline __m256i nc_bytes4_8(const int8_t *p, int64_t i)
+/* nc_half{4,5,6}_8(unit, half): the 32 bytes of one half of a unit, rebuilt. Generated code
+ * passes the unit's address and a literal half, so the shifts for the other half are not
+ * computed and chosen at run time (a half found from the index costs a 1-row Q6_K product 1.8x) */
+static inline __m256i nc_half4_8(const int8_t *unit, int half)
 {
-    return nc_nibble_half_8(p + i / 64 * 32, i / 32 % 2);
+    return nc_nibble_half_8(unit, half);
 }
-static inline __m256i nc_bytes5_8(const int8_t *p, int64_t i)
+static inline __m256i nc_half5_8(const int8_t *unit, int half)
 {
-    const int8_t *unit = p + i / 64 * 40;
-    int64_t half = i / 32 % 2;
     uint32_t fifth;
     memcpy(&fifth, unit + 32 + 4 * half, 4);
     return _mm256_or_si256(nc_nibble_half_8(unit, half), nc_fifth_bits_8(fifth));
 }
-static inline __m256i nc_bytes6_8(const int8_t *p, int64_t i)
+static inline __m256i nc_half6_8(const int8_t *unit, int half)
 {
-    const int8_t *unit = p + i / 64 * 48;
-    int64_t half = i / 32 % 2;
     __m128i pairs = _mm_loadu_si128((const __m128i *)(unit + 32)), three = _mm_set1_epi8(3);
     /* the 16-bit shifts carry the next byte's bits into a byte's top: the mask drops them */
     __m128i first = _mm_and_si128(half ? _mm_srli_epi16(pairs, 4) : pairs, three);
     __m128i second = _mm_and_si128(half ? _mm_srli_epi16(pairs, 6) : _mm_srli_epi16(pairs, 2), three);
     __m256i high = _mm256_slli_epi16(_mm256_set_m128i(second, first), 4);
     return _mm256_or_si256(nc_nibble_half_8(unit, half), high);
+}
+/* nc_bytes{4,5,6}_8(p, i): the 32 bytes at byte i of the 8-bit layout, their unit and half found
+ * from i (the unpacking loops, and a product whose index the generator cannot split) */
+static inline __m256i nc_bytes4_8(const int8_t *p, int64_t i)
+{
+    return nc_half4_8(p + i / 64 * 32, (int)(i / 32 % 2));
+}
+static inline __m256i nc_bytes5_8(const int8_t *p, int64_t i)
+{
+    return nc_half5_8(p + i / 64 * 40, (int)(i / 32 % 2));
+}
+static inline __m256i nc_bytes6_8(const int8_t *p, int64_t i)
+{
+    return nc_half6_8(p + i / 64 * 48, (int)(i / 32 % 2));
 }
 /* nc_unpack{4,5,6}_8(dst, p, i, n): the n bytes from byte i of the 8-bit layout (both multiples
  * of 32) rebuilt from their half units at p into dst (32-byte aligned), read by nc_dot4us_8 */
@@ -425,15 +438,24 @@ static inline nc_i32x8 nc_dot4usp_8(nc_i32x8 acc, const int8_t *x, const int8_t 
     return nc_dot4u_pairs_8(acc, x, _mm256_load_si256((const __m256i *)u));
 }
 /* the dot products on narrow bytes at 8 lanes: nc_dot4u{4,5,6}_8 (int32 sums) and
- * nc_dot4u{4,5,6}p_8 (int16 pairs), each rebuilding its 32 bytes from half a unit at p */
-#define NC_DOT4U_NARROW_8(bits)                                                                            \
-    static inline nc_i32x8 nc_dot4u##bits##_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)  \
-    {                                                                                                      \
-        return nc_dot4u_small_8(acc, x, nc_bytes##bits##_8(p, i));                                         \
-    }                                                                                                      \
-    static inline nc_i32x8 nc_dot4u##bits##p_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i) \
-    {                                                                                                      \
-        return nc_dot4u_pairs_8(acc, x, nc_bytes##bits##_8(p, i));                                         \
+ * nc_dot4u{4,5,6}p_8 (int16 pairs), each rebuilding its 32 bytes from half a unit at p; the h
+ * forms take the unit's address and the half (a literal where generated) */
+#define NC_DOT4U_NARROW_8(bits)                                                                              \
+    static inline nc_i32x8 nc_dot4u##bits##_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)    \
+    {                                                                                                        \
+        return nc_dot4u_small_8(acc, x, nc_bytes##bits##_8(p, i));                                           \
+    }                                                                                                        \
+    static inline nc_i32x8 nc_dot4u##bits##p_8(nc_i32x8 acc, const int8_t *x, const int8_t *p, int64_t i)   \
+    {                                                                                                        \
+        return nc_dot4u_pairs_8(acc, x, nc_bytes##bits##_8(p, i));                                           \
+    }                                                                                                        \
+    static inline nc_i32x8 nc_dot4u##bits##h_8(nc_i32x8 acc, const int8_t *x, const int8_t *unit, int half)  \
+    {                                                                                                        \
+        return nc_dot4u_small_8(acc, x, nc_half##bits##_8(unit, half));                                      \
+    }                                                                                                        \
+    static inline nc_i32x8 nc_dot4u##bits##hp_8(nc_i32x8 acc, const int8_t *x, const int8_t *unit, int half) \
+    {                                                                                                        \
+        return nc_dot4u_pairs_8(acc, x, nc_half##bits##_8(unit, half));                                      \
     }
 NC_DOT4U_NARROW_8(4)
 NC_DOT4U_NARROW_8(5)

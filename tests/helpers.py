@@ -75,6 +75,18 @@ def require_lanes(lanes: int) -> None:
 ENVS = [{"seq": s, "past": p} for s in (1, 3, 7) for p in (0, 5)]
 
 
+def narrow_dot_call(bits: int, lanes: int, pairs: bool = False, half_known: bool = True) -> str:
+    """The generated call of a dot product on `bits`-bit weights, with p where it sums int16
+    pairs. At 8 lanes the h form takes its unit's address and a literal half, where every term of
+    the weight's index is a multiple of 64 (runtime/nc_vector.h); else the form that finds both."""
+    p = "p" if pairs else ""
+    return f"nc_dot4u{bits}{'h' if lanes == 8 and half_known else ''}{p}_{lanes}("
+
+
+def calls_narrow_dot(source: str, bits: int, lanes: int, pairs: bool = False) -> bool:
+    return any(narrow_dot_call(bits, lanes, pairs, known) in source for known in (True, False))
+
+
 def superblock_values(parts: dict, fmt) -> np.ndarray:
     """What superblock_matmul multiplies: sc * d * qs - mn * dmin per sub-block, as float32."""
     per_super = fmt.block // fmt.sub

@@ -4,7 +4,7 @@ unit: AVX2 and AVX-VNNI) that rebuild them exactly; bitwise against the interpre
 kernel, at every level this CPU runs."""
 import numpy as np
 import pytest
-from helpers import check_bitwise, graph_kernels, projection_graph, use_target
+from helpers import calls_narrow_dot, check_bitwise, graph_kernels, projection_graph, use_target
 
 from nanocompile.compiler.graph_library import GraphLibrary
 from nanocompile.schedule import DotProduct, Pack, Parallel, ScheduleError, Split, UnrollJam, Vectorize, apply
@@ -93,7 +93,7 @@ def test_narrow_dot_kernels_are_bitwise(march, bits, offset, low, high, columns,
                      + [Pack("p2", 96, lanes * columns, 4, offset, bits), Pack("p4", 3, lanes * columns)] + tile +
                      [Parallel("i1")])
     lib = GraphLibrary(g, fuse=True, schedule=lambda k: schedule if k.op == "block_matmul" else ())
-    assert f"nc_dot4u{bits}_{lanes}(" in lib.source and f"nc_dot4u_{lanes}(" not in lib.source
+    assert calls_narrow_dot(lib.source, bits, lanes) and f"nc_dot4u_{lanes}(" not in lib.source
     assert ("nc_sum_i8(" in lib.source) == bool(offset)  # the offset's correction
     check_bitwise(lib, g, w, np.random.default_rng(columns + rows))
 
@@ -159,7 +159,7 @@ def test_unpacked_bytes_are_read_by_the_row_tiles_bitwise(march, bits, offset, l
     lib = GraphLibrary(g, fuse=True, schedule=lambda k: schedule if k.op == "block_matmul" else ())
     src = lib.source
     assert f"nc_unpack{bits}_{lanes}(" in src and f"nc_dot4us_{lanes}(" in src
-    assert f"nc_dot4u{bits}_{lanes}(" in src  # the tail rows
+    assert calls_narrow_dot(src, bits, lanes)  # the tail rows
     # unpacked only with MIN_TILES tiles or more; the copy of the tiles for fewer reads the narrow storage
     assert MIN_TILES == 2 and f"if ((seq / {rows}) - 1 > 0)" in src
     assert f"i0o < (((seq / {rows}) < 2) ? 0 : (seq / {rows}))" in src
@@ -181,3 +181,31 @@ def test_unpack_refuses_what_it_cannot_rebuild_once():
         apply(k, head + (Unpack("p2", "i1"),))
     text = "\n".join(str(d) for d in apply(k, head + tile + (Unpack("p2", "i0o"),)).schedule)
     assert "Unpack(p2, i0o)" in text
+
+
+def test_a_narrow_index_is_split_into_its_unit_and_a_known_half():
+    """At 8 lanes a dot product reads half a 64-byte unit: the C is given the unit's index and the
+    half apart (a literal, or the parity of the one loop variable stepping by an odd multiple of
+    32, whose loop GCC then unrolls), so the half is never found from the index at run time."""
+    from nanocompile.codegen.cexpr import split_half
+    from nanocompile.loopir.ir import Bin, IConst, Var
+
+    def value(e, env):
+        if isinstance(e, IConst):
+            return e.value
+        if isinstance(e, Var):
+            return env[e.name]
+        a, b = value(e.a, env), value(e.b, env)
+        return {"+": int.__add__, "*": int.__mul__, "/": int.__floordiv__, "%": int.__mod__}[e.op](a, b)
+
+    i1, b, j = Var("i1"), Var("b"), Var("j")
+    for terms, const in (({i1: 4096, b: 256, j: 64}, 32), ({i1: 4096, j: 64}, 0), ({i1: 7168, b: 256, j: 32}, 0),
+                         ({i1: 4480, j: 96}, 64)):
+        unit, half = split_half(terms, const)
+        assert isinstance(half, IConst) == all(k % 64 == 0 for k in terms.values())
+        for env in ({"i1": 3, "b": 5, "j": 0}, {"i1": 1, "b": 2, "j": 3}, {"i1": 0, "b": 0, "j": 7}):
+            index = sum(k * env[a.name] for a, k in terms.items()) + const
+            assert value(unit, env) % 64 == 0 and value(unit, env) + 32 * value(half, env) == index
+    assert split_half({j: 16}, 0) is None  # a quarter unit: not a half
+    assert split_half({i1: 32, j: 32}, 0) is None  # two parities
+    assert split_half({j: 32}, 32) is None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import K_TYPES, greedy_run, real_prompt_ids, superblock_values, write_k_gguf
+from helpers import K_TYPES, calls_narrow_dot, greedy_run, real_prompt_ids, superblock_values, write_k_gguf
 
 from bench.support.tiny import random_weights, tiny_config, write_gguf, write_hf_dir
 from nanocompile.codegen.options import DEFAULT_CHUNK
@@ -102,7 +102,7 @@ def narrow_dot(bits: int, source: str) -> bool:
     """Whether source calls a dot product on `bits`-bit weights at the target's lanes (at 8, the
     one summing int16 pairs too: schedule/pairs.py)."""
     lanes = vector_lanes(detect_march()[0])
-    return f"nc_dot4u{bits}_{lanes}(" in source or f"nc_dot4u{bits}p_{lanes}(" in source
+    return calls_narrow_dot(source, bits, lanes) or calls_narrow_dot(source, bits, lanes, pairs=True)
 
 
 @pytest.fixture(scope="module")

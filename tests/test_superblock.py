@@ -5,7 +5,7 @@ every target this CPU runs, and the quants kept in the fewest bits the format al
 schedule/narrow.py) where 16 lanes take them, at 1, 2, 3 and 8 threads with guard regions."""
 import numpy as np
 import pytest
-from helpers import TARGETS, THREADS, activations, graph_kernels, make_graph, superblock_values, use_target
+from helpers import TARGETS, THREADS, activations, graph_kernels, make_graph, narrow_dot_call, superblock_values, use_target
 
 from nanocompile.compiler.graph_library import GraphLibrary
 from nanocompile.frontend import nn
@@ -170,7 +170,8 @@ def test_narrow_kernels_are_bitwise(march, name, columns, rows, monkeypatch):
                                                                         dot_weight_offset(march))
                        if _superblock_column_loop(k) else ())
     paired = lanes == 8 and name in PAIRED
-    assert (f"nc_dot4u{bits}p_{lanes}(" if paired else f"nc_dot4u{bits}_{lanes}(") in lib.source
+    assert narrow_dot_call(bits, lanes, pairs=paired) in lib.source  # at 8 lanes: a literal half (super-blocks of 256)
+    assert narrow_dot_call(bits, lanes, pairs=paired, half_known=False) not in lib.source or lanes == 16
     assert ("nc_pairs_mul_8(" in lib.source) == paired and ("nc_dot4usp_8(" in lib.source) == (paired and rows > 0)
     assert "nc_sum_i8(" not in lib.source
     check_bitwise(lib, g, w, np.random.default_rng(8))

@@ -117,6 +117,27 @@ def address(param: str, index, num: int = 1, den: int = 1) -> str:
     return f"{param} + {base}" if base.isidentifier() or base.isdigit() else f"{param} + ({base})"
 
 
+def split_half(terms: dict, const: int):
+    """An 8-bit index of narrow weights (terms and constant, lane dropped) as the index of its
+    64-byte unit's start and the half (0 or 1) that 32 bytes from it read: a literal where every
+    term is a multiple of 64, the parity of the one atom whose coefficient is an odd multiple of
+    32 otherwise (atoms are never negative; an unrolled loop folds it); None for other indices."""
+    odd = [a for a, k in terms.items() if k % 64 == 32]
+    if const % 32 or len(odd) > 1 or any(k % 32 for k in terms.values()):
+        return None
+    if not odd:
+        half = const // 32 % 2
+        return build(terms, const - 32 * half), IConst(half)
+    if const % 64:
+        return None
+    a, = odd
+    rest = {b: k for b, k in terms.items() if b is not a}
+    if terms[a] > 32:
+        rest[a] = terms[a] - 32
+    rest[Bin("/", a, IConst(2))] = 64  # 32 * a = 64 * (a / 2) + 32 * (a % 2)
+    return build(rest, const), Bin("%", a, IConst(2))
+
+
 def operator(e, sub, function, wrap) -> str:
     """A Bin or Un as C, its operands rendered by sub(operand, top) and a math function's name
     by function(op): one rule for scalar and vector code."""
@@ -144,8 +165,15 @@ def statements(body, dtypes: dict | None = None, vector=None) -> list[dict]:
             inner = VectorC(s.lanes, s.body, dtypes) if s.lanes else vector
             # a chosen extent (schedule/unpack.py's two copies) in parentheses: it follows "<"
             extent = c(s.extent, not isinstance(s.extent, Select))
-            out.append({"kind": "loop", "var": s.var, "extent": extent, "body": statements(s.body, dtypes, inner),
-                        "parallel": s.parallel})
+            if inner is not None:
+                inner.parities.discard(s.var)  # an earlier loop of the same name
+            body_c = statements(s.body, dtypes, inner)
+            # a constant loop whose variable's parity picks the half of narrow weights: unrolled by
+            # GCC, each copy's half is a literal (runtime/nc_vector.h's h forms)
+            unroll = s.extent.value if (isinstance(s.extent, IConst) and inner is not None
+                                        and s.var in inner.parities) else 0
+            out.append({"kind": "loop", "var": s.var, "extent": extent, "body": body_c,
+                        "parallel": s.parallel, "unroll": unroll})
         elif isinstance(s, Prefetch):  # an address, the same in every lane
             out.append({"kind": "line", "text": f"nc_prefetch({address(s.param, s.index)});"})
         elif isinstance(s, UnpackBytes):
@@ -195,6 +223,7 @@ class VectorC:
         self.vectors: set[str] = set()  # accumulators held as vectors
         self.unpacked = {s.local for s in all_statements(body) if isinstance(s, UnpackBytes)}
         self.pairs = {s.name for s in all_statements(body) if isinstance(s, AccInit) and s.dtype == PAIRS}
+        self.parities: set[str] = set()  # loops whose variable's parity picks a narrow unit's half: unrolled
         changed = True
         while changed:  # an accumulator is a vector if any value assigned to it is
             changed = False
@@ -264,9 +293,16 @@ class VectorC:
             if w.param in self.unpacked:  # rebuilt bytes within [0, 63], in 8 bits (schedule/unpack.py)
                 return (f"nc_dot4us{'p' if pairs else ''}_{self.lanes}({acc}, {self.address(x.param, x.index)}, "
                         f"{self.address(w.param, w.index)})")
-            if e.b_bits != 8 and self.lanes == 8:  # half a 64-byte unit: the helper finds it from the 8-bit index
+            if e.b_bits != 8 and self.lanes == 8:  # half a 64-byte unit
                 terms, const = linear(w.index)
                 terms.pop(Lane(), None)
+                split = split_half(terms, const)
+                if split is not None:  # the unit's 8-bit index and the half, apart
+                    unit, half = split
+                    if isinstance(half, Bin) and isinstance(half.a, Var):
+                        self.parities.add(half.a.name)
+                    return (f"nc_dot4u{e.b_bits}h{'p' if pairs else ''}_8({acc}, {self.address(x.param, x.index)}, "
+                            f"{self.address(w.param, unit, e.b_bits, 8)}, {c(half, False)})")
                 return (f"nc_dot4u{e.b_bits}{'p' if pairs else ''}_8({acc}, {self.address(x.param, x.index)}, "
                         f"{w.param}, {c(build(terms, const), False)})")
             if pairs:

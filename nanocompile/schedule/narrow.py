@@ -12,7 +12,8 @@ nc_dot4u5_16 rebuilds the 64 bytes (two masks, a shift, a masked add of 16) and 
 nc_dot4u_16 does; the result is the same int32 sum, bit for bit. The index a Dot keeps is the
 8-bit layout's: a 64-byte unit u lives at 40 * u, which the C renders as index * 5 / 8. An 8-lane
 dot product reads 32 bytes, half a unit (the nibbles' low or high halves, and the matching half
-of the fifth bits): nc_dot4u5_8 takes the 8-bit index and finds its unit and half, so the same
+of the fifth bits): the C passes nc_dot4u5h_8 the unit's address and the half as a literal where
+the index's terms are multiples of 64 (nc_dot4u5_8 finds both from the 8-bit index), so the same
 layout serves AVX2 and AVX-VNNI as AVX-512 (the rebuilt bytes, at most 63, are multiplied exactly
 by vpmaddubsw where there is no VNNI).
 
