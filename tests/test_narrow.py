@@ -209,3 +209,4 @@ def test_a_narrow_index_is_split_into_its_unit_and_a_known_half():
     assert split_half({j: 16}, 0) is None  # a quarter unit: not a half
     assert split_half({i1: 32, j: 32}, 0) is None  # two parities
     assert split_half({j: 32}, 32) is None
+    assert split_half({j: -32}, 64) is None  # a parity of a negative step: not split

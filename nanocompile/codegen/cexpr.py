@@ -128,9 +128,9 @@ def split_half(terms: dict, const: int):
     if not odd:
         half = const // 32 % 2
         return build(terms, const - 32 * half), IConst(half)
-    if const % 64:
-        return None
     a, = odd
+    if const % 64 or terms[a] < 0:
+        return None
     rest = {b: k for b, k in terms.items() if b is not a}
     if terms[a] > 32:
         rest[a] = terms[a] - 32
