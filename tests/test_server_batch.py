@@ -74,17 +74,22 @@ def ask(url: str, body: dict, headers: dict | None = None) -> dict:
     return texts
 
 
+def in_threads(run, n: int, timeout: float) -> None:
+    """run(0), ..., run(n - 1), each in a thread of its own, all at once."""
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+
+
 def all_at_once(url: str, bodies: list[dict], headers=None) -> list[dict]:
     answers: list = [None] * len(bodies)
 
     def one(i):
         answers[i] = ask(url, bodies[i], headers)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    in_threads(one, len(bodies), 300)
     return answers
 
 
@@ -126,11 +131,7 @@ def test_the_batcher_runs_decoding_steps_together_and_prompts_between(tiny_chat_
         with seq.generating():
             got[i] = generate(seq, prompts[i], 20).tokens
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    in_threads(run, 4, 120)
     batcher.close()
     assert got == want
     s = batcher.stats
@@ -165,11 +166,7 @@ def test_drafts_in_a_batch_keep_every_sequence_its_tokens_alone(tiny_chat_model)
                 pass
             got[i], drafted[i] = piece.result.tokens, piece.result.drafted
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    in_threads(run, 3, 120)
     batcher.close()
     assert got == want
     assert sum(drafted) > 0 and all(b[1] <= 2 and b[0] >= b[1] for b in beside)
