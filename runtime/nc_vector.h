@@ -392,12 +392,26 @@ static inline __m256i nc_bytes6_8(const int8_t *p, int64_t i)
     return nc_half6_8(p + i / 64 * 48, (int)(i / 32 % 2));
 }
 /* nc_unpack{4,5,6}_8(dst, p, i, n): the n bytes from byte i of the 8-bit layout (both multiples
- * of 32) rebuilt from their half units at p into dst (32-byte aligned), read by nc_dot4us_8 */
+ * of 32) rebuilt from their half units at p into dst (32-byte aligned), read by nc_dot4us_8.
+ * Unit by unit, both halves with literal halves (a half found from the index per vector chose
+ * between both halves' shifts at run time), a lone half first or last where i or i + n falls
+ * mid-unit. */
 #define NC_UNPACK_8(bits)                                                                      \
     static inline void nc_unpack##bits##_8(int8_t *dst, const int8_t *p, int64_t i, int64_t n) \
     {                                                                                          \
-        for (int64_t b = 0; b < n; b += 32)                                                    \
-            _mm256_store_si256((__m256i *)(dst + b), nc_bytes##bits##_8(p, i + b));            \
+        const int8_t *unit = p + i / 64 * (8 * bits);                                          \
+        int64_t b = 0;                                                                         \
+        if (i % 64 && n > 0) {                                                                 \
+            _mm256_store_si256((__m256i *)dst, nc_half##bits##_8(unit, 1));                    \
+            unit += 8 * bits;                                                                  \
+            b = 32;                                                                            \
+        }                                                                                      \
+        for (; b + 64 <= n; b += 64, unit += 8 * bits) {                                       \
+            _mm256_store_si256((__m256i *)(dst + b), nc_half##bits##_8(unit, 0));              \
+            _mm256_store_si256((__m256i *)(dst + b + 32), nc_half##bits##_8(unit, 1));         \
+        }                                                                                      \
+        if (b < n)                                                                             \
+            _mm256_store_si256((__m256i *)(dst + b), nc_half##bits##_8(unit, 0));              \
     }
 NC_UNPACK_8(4)
 NC_UNPACK_8(5)

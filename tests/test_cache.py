@@ -4,6 +4,7 @@ are removed by the next; concurrent runs on an empty cache make each entry once;
 cache still runs; `nanocompile cache verify` and `clean` find and remove what is damaged or stale."""
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -13,6 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 from bench.support.tiny import random_weights, tiny_config, write_gguf, write_hf_dir
 
@@ -131,6 +133,56 @@ def test_a_failed_write_leaves_nothing(tmp_path):
     assert check_entry(dest, {"what": 1}) is None
     assert check_entry(dest, {"what": 2}) == "was made from something else"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["entry.bin", "entry.bin.meta.json"]
+
+
+def _pmd_mapped_kib(address: int) -> int:
+    """FilePmdMapped of this process's mapping that holds address: how much of it the kernel maps
+    in 2 MiB pages."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
+        if head:
+            inside = int(head.group(1), 16) <= address < int(head.group(2), 16)
+        elif inside and line.startswith("FilePmdMapped:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_written_weights_are_mapped_in_two_mib_pages_where_the_kernel_has_them(tmp_path):
+    """A file written in pieces of any size (as the packer writes tensors) reaches the page cache
+    in aligned 8 MiB writes, so it is kept in 2 MiB folios and its read-only mapping is mapped
+    in 2 MiB pages: a decode step reads every weight, and 4 KiB pages cost the default file's
+    step 1.1x (docs/results/phase14.md). Where the kernel or filesystem keeps files in 4 KiB
+    pages whatever the writes, there is nothing to show: skipped, saying so."""
+    from nanocompile.cache.files import WRITE_PIECE, write_entry
+    from nanocompile.engine.pack import map_weights
+
+    if not Path("/proc/self/smaps").exists():
+        pytest.skip("no /proc/self/smaps: not Linux")
+    size = 2 * WRITE_PIECE + 12345
+    data = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes()
+    control = tmp_path / "control.bin"
+    with open(control, "wb") as f:  # whole aligned 2 MiB ranges in one write each
+        for at in range(0, size, WRITE_PIECE):
+            f.write(data[at:at + WRITE_PIECE])
+    mapped = map_weights(control)
+    mapped[::4096].sum()  # every page touched
+    if _pmd_mapped_kib(mapped.ctypes.data) == 0:
+        pytest.skip(f"this kernel ({os.uname().release}) or the filesystem of {tmp_path} keeps files in 4 KiB pages")
+    del mapped
+
+    dest = tmp_path / "packed.bin"
+
+    def odd_pieces(out):  # sizes that leave every later write off any 4 KiB boundary
+        at, sizes = 0, itertools.cycle((4097, 1 << 20, 3, 5 << 20, 777))
+        while at < size:
+            n = next(sizes)
+            out.write(data[at:at + n])
+            at += n
+    write_entry(dest, {"what": "weights"}, odd_pieces)
+    mapped = map_weights(dest)
+    assert mapped.tobytes() == data
+    assert _pmd_mapped_kib(mapped.ctypes.data) >= 2 * WRITE_PIECE // 1024
 
 
 def test_an_entry_changed_in_any_way_is_hashed_in_full_and_an_unchanged_one_is_trusted(tmp_path):

@@ -2,6 +2,8 @@
 4 or 6 bits in 4 or 6), read by 16-lane dot products (a 64-byte unit) and 8-lane ones (half a
 unit: AVX2 and AVX-VNNI) that rebuild them exactly; bitwise against the interpreter like every int8
 kernel, at every level this CPU runs."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 from helpers import calls_narrow_dot, check_bitwise, graph_kernels, projection_graph, use_target
@@ -210,3 +212,50 @@ def test_a_narrow_index_is_split_into_its_unit_and_a_known_half():
     assert split_half({i1: 32, j: 32}, 0) is None  # two parities
     assert split_half({j: 32}, 32) is None
     assert split_half({j: -32}, 64) is None  # a parity of a negative step: not split
+
+
+@pytest.mark.parametrize("bits", [4, 5, 6])
+def test_unpack_at_eight_lanes_rebuilds_any_span_of_half_units(bits, tmp_path, monkeypatch):
+    """nc_unpack{bits}_8 rebuilds units whole, both halves with literal halves, and a lone half
+    first or last where the span starts or ends mid-unit: every start and length in halves
+    (multiples of 32 bytes) gives the 8-bit bytes narrow_bytes was given."""
+    import subprocess
+
+    use_target("x86-64-v3", monkeypatch)
+    from nanocompile.target import compiler_flags
+
+    rng = np.random.default_rng(bits)
+    units = 6
+    plain = rng.integers(0, 1 << bits, units * 64, dtype=np.uint8)
+    narrow = narrow_bytes(plain, bits)
+    runtime = Path(__file__).resolve().parents[1] / "runtime"
+    (tmp_path / "narrow.bin").write_bytes(narrow.tobytes())
+    (tmp_path / "unpack.c").write_text(f"""
+#include <stdio.h>
+#include "nc_vector.h"
+int main(void) {{
+    static int8_t p[{narrow.size}], dst[{units * 64}] __attribute__((aligned(64)));
+    FILE *f = fopen("{tmp_path / 'narrow.bin'}", "rb");
+    if (fread(p, 1, sizeof p, f) != sizeof p) return 1;
+    for (int64_t i = 0; i < {units * 64}; i += 32)
+        for (int64_t n = 0; i + n <= {units * 64}; n += 32) {{
+            memset(dst, 0x55, sizeof dst);
+            nc_unpack{bits}_8(dst, p, i, n);
+            fwrite(dst, 1, sizeof dst, stdout);
+        }}
+    return 0;
+}}
+""")
+    exe = tmp_path / "unpack"
+    subprocess.run(["gcc", "-O2", *compiler_flags("x86-64-v3"), f"-I{runtime}", str(tmp_path / "unpack.c"),
+                    "-o", str(exe)], check=True)
+    out = np.frombuffer(subprocess.run([str(exe)], capture_output=True, check=True).stdout, np.uint8)
+    out = out.reshape(-1, units * 64)
+    row = 0
+    for i in range(0, units * 64, 32):
+        for n in range(0, units * 64 - i + 1, 32):
+            want = np.full(units * 64, 0x55, np.uint8)
+            want[:n] = plain[i:i + n]
+            assert np.array_equal(out[row], want), (i, n)
+            row += 1
+    assert row == len(out)

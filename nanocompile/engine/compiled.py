@@ -22,7 +22,7 @@ from . import warm
 from .checks import check_n_ctx, check_tokens
 from .library import NC_ERR_ARGUMENT, NC_ERR_CONTEXT, NC_ERR_TOKEN, NC_ERR_WEIGHTS, NC_OK, Library, check_fingerprint
 from .open import Opened, open_model, tuned_store
-from .pack import open_packed, pack_weights
+from .pack import map_weights, open_packed, pack_weights
 from .progress import say
 
 if TYPE_CHECKING:
@@ -96,14 +96,14 @@ class CompiledSession:
         self._owner = True
 
     def _open_weights(self, layout_hash: str, weights_bytes: int, packed_path: Path | None,
-                      progress: bool) -> tuple[Path, np.memmap]:
+                      progress: bool) -> tuple[Path, np.ndarray]:
         """The packed weights for a library of this layout: a file the caller names (packed if
         missing), the cache's for a source with a key, or a temporary one for the session."""
         opened = self.opened
         if packed_path is not None:
             if not packed_path.exists():
                 pack_weights(self.module, opened.weights, packed_path)
-            return packed_path, np.memmap(packed_path, dtype=np.uint8, mode="r")
+            return packed_path, map_weights(packed_path)
         if opened.source_key is not None:
             path, mapped, _ = open_packed(layout_hash, weights_bytes, opened.graph, opened.weights,
                                           opened.source_key, lambda: self.module, progress)
@@ -111,7 +111,7 @@ class CompiledSession:
         self._tmp = tempfile.TemporaryDirectory(prefix="nanocompile-")  # lives as long as the session
         path = Path(self._tmp.name) / "weights.bin"
         pack_weights(self.module, opened.weights, path)
-        return path, np.memmap(path, dtype=np.uint8, mode="r")
+        return path, map_weights(path)
 
     @classmethod
     def from_weights(cls, config, weights, n_ctx: int = 4096, threads: int = 1, weights_key: str | None = None,
