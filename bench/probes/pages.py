@@ -4,7 +4,8 @@ cache/files.WRITE_PIECE: the page cache keeps such a file in 4 KiB folios until 
 and through the packer's writer (aligned 8 MiB pieces: 2 MiB folios where the kernel and
 filesystem have them), each mapped by a fresh process that times steps of 1 and 8 rows after a
 context (each rolled back), the two processes alternating round by round. Each process reports
-how much of its mapping the kernel mapped in 2 MiB pages (FilePmdMapped).
+how much of the weights it touched (the mapping's Rss: a step reads each weight the graph uses)
+the kernel mapped in 2 MiB pages (FilePmdMapped).
 
     python -m bench.probes.pages [--precision native] [--rounds 4] [--steps 30] [--past 256]
                                  # prints a table; appends to bench/results.jsonl
@@ -45,7 +46,8 @@ for r in range(steps + 1):
             seconds[k].append(time.perf_counter() - t0)
         s.truncate(past)
 start = s._weights.ctypes.data
-pmd, inside = 0, False
+pmd = rss = 0
+inside = False
 for line in open("/proc/self/smaps"):
     head = line.split()[0]
     if "-" in head and ":" not in head:
@@ -53,7 +55,9 @@ for line in open("/proc/self/smaps"):
         inside = lo <= start < hi
     elif inside and line.startswith("FilePmdMapped:"):
         pmd = int(line.split()[1])
-print(json.dumps({{"seconds": seconds, "pmd_kib": pmd, "mib": s._weights.size >> 20}}))
+    elif inside and line.startswith("Rss:"):
+        rss = int(line.split()[1])
+print(json.dumps({{"seconds": seconds, "pmd_kib": pmd, "rss_kib": rss}}))
 """
 
 
@@ -94,12 +98,11 @@ def main() -> None:
     packed = session.packed_path
     session.close()
     results = {"unaligned writes": [], "packer's writer": []}
-    pmd = {}
+    pmd, rss = {}, {}
     with tempfile.TemporaryDirectory(prefix="nc-pages-", dir=packed.parent) as tmp:
         files = {"unaligned writes": Path(tmp) / "unaligned.bin", "packer's writer": Path(tmp) / "pieces.bin"}
         # one at a time, each on disk before the next: the other's dirty pages change how the
-        # kernel allocates a file's folios (written after 512 MiB of dirty pages, the writer's file
-        # got 2 MiB folios for 314 of its 512 MiB)
+        # kernel allocates a file's folios
         write_pieces(packed, files["packer's writer"])
         write_unaligned(packed, files["unaligned writes"])
         child = CHILD.format(threads=THREADS)
@@ -110,12 +113,13 @@ def main() -> None:
                                       str(args.steps)], capture_output=True, text=True, check=True)
                 got = json.loads(out.stdout.strip().splitlines()[-1])
                 results[name].append(got["seconds"])
-                pmd[name] = got["pmd_kib"]
+                pmd[name], rss[name] = got["pmd_kib"], got["rss_kib"]
                 one, eight = (statistics.median(got["seconds"][k]) for k in ("1", "8"))
                 print(f"round {r} {name}: 1 row {one * 1e3:.1f} ms, 8 rows {eight * 1e3:.1f} ms, "
-                      f"{got['pmd_kib'] >> 10} of {got['mib']} MiB in 2 MiB pages", flush=True)
+                      f"{got['pmd_kib'] >> 10} of the {got['rss_kib'] >> 10} MiB of weights it touched in 2 MiB "
+                      f"pages", flush=True)
     record = {"bench": "pages", "precision": args.precision, "march": detect_march()[0], "past": args.past,
-              "pmd_kib": pmd, "rows": {}}
+              "pmd_kib": pmd, "touched_kib": rss, "rows": {}}
     print(f"\n| rows | unaligned writes, ms | packer's writer, ms | ratio of medians per round |")
     print("|---|---|---|---|")
     for k in ("1", "8"):
