@@ -151,8 +151,8 @@ def _pmd_mapped_kib(address: int) -> int:
 def test_written_weights_are_mapped_in_two_mib_pages_where_the_kernel_has_them(tmp_path):
     """A file written in pieces of any size (as the packer writes tensors) reaches the page cache
     in aligned 8 MiB writes, so it is kept in 2 MiB folios and its read-only mapping is mapped
-    in 2 MiB pages: a decode step reads every weight, and 4 KiB pages cost the default file's
-    step 1.1x (docs/results/phase14.md). Where the kernel or filesystem keeps files in 4 KiB
+    in 2 MiB pages, whatever the machine did since (docs/results/phase14.md: written tensor by
+    tensor, a fresh file was in 4 KiB pages until evicted). Where the kernel or filesystem keeps files in 4 KiB
     pages whatever the writes, there is nothing to show: skipped, saying so."""
     from nanocompile.cache.files import WRITE_PIECE, write_entry
     from nanocompile.engine.pack import map_weights

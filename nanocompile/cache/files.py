@@ -55,10 +55,11 @@ def fsync_dir(path: Path) -> None:
 
 # AtomicFile writes the file in pieces of this size, at offsets that are multiples of it: each
 # write covers whole, aligned 2 MiB ranges, and the page cache keeps the file in 2 MiB folios
-# where the kernel and filesystem have them (Linux 6.x on ext4, xfs). A mapping of the packed
-# weights is then one TLB entry per 2 MiB instead of 512: written tensor by tensor (writes of
-# any size at any offset), the file stayed in 4 KiB pages until evicted, and a default-file
-# decode step took 1.1x as long (docs/results/phase14.md).
+# where the kernel and filesystem have them (Linux 6.x on ext4, xfs), and a mapping of the
+# packed weights is in 2 MiB pages. Written tensor by tensor (writes of any size at any offset),
+# a fresh file stayed in 4 KiB folios until evicted and came back in 2 MiB ones: which of the
+# two a run got depended on the machine's history. In a busy hour the 4 KiB state's decode step
+# took up to 1.1x as long; in a quiet one no difference showed (docs/results/phase14.md).
 WRITE_PIECE = 8 << 20
 
 

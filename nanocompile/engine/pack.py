@@ -118,8 +118,8 @@ def packed_name(layout_hash: str, source_key: str, form: str, graph: str) -> str
 def map_weights(path: Path, file=None) -> np.ndarray:
     """The packed file mapped read-only as bytes, the mapping marked for 2 MiB pages: where the
     file is not in the page cache yet, the kernel reads it in 2 MiB folios and maps them whole
-    (Linux 6.x on ext4, xfs; elsewhere the mark does nothing). Decode reads every weight once per
-    step: one TLB entry per 2 MiB instead of 512 made a default-file step 1.1x faster."""
+    (Linux 6.x on ext4, xfs; elsewhere the mark does nothing): the state a file written by
+    cache/files.AtomicFile is in from the start (docs/results/phase14.md for what it gains)."""
     with (open(path, "rb") if file is None else file) as f:
         mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     if hasattr(mmap, "MADV_HUGEPAGE"):
