@@ -3,16 +3,16 @@ as text), each refusal (one test each), and the recipes' choices. No C is compil
 bitwise runs of these schedules are in test_schedules.py."""
 import pytest
 from bench.support.tiny import tiny_config
-from helpers import graph_kernels, make_graph, target_lanes, target_level
+from helpers import graph_kernels, make_graph, target_lanes, target_level, write_k_gguf
 
 from nanocompile.codegen.render import render_tree
 from nanocompile.compiler.driver import compile_model
 from nanocompile.ir import SEQ
 from nanocompile.loopir.affine import linear
 from nanocompile.loopir.ir import (REDUCTION, Acc, AccInit, AccUpdate, Bin, FConst, IConst, Kernel, Load, Loop, Param,
-                                   Prefetch, Store, Var, format_kernel)
+                                   Prefetch, Select, Store, Var, format_kernel)
 from nanocompile.loopir.traverse import statements_in_loops
-from nanocompile.schedule import (Pack, Parallel, PrefetchNext, Reorder, ScheduleError, Split, Unroll, UnrollJam,
+from nanocompile.schedule import (FetchNextBlock, Pack, Parallel, PrefetchNext, Reorder, ScheduleError, Split, Unroll, UnrollJam,
                                   Vectorize, apply)
 
 
@@ -191,6 +191,11 @@ REFUSALS = {
                                           "the row loop 'i0' is not inside the column loop 'i1'"),
     "prefetch without a reduction": (RMS, (PrefetchNext("i0", "i1"),), "no reduction loop directly inside 'i1'"),
     "prefetch missing loop": (QPROJ, (PrefetchNext("i1", "i0o"),), "no output loop 'i0o'"),
+    "fetch rows outside the columns": (QPROJ, (Vectorize("i1", 16), Pack("p2", 64, 16), FetchNextBlock("i1", "i0")),
+                                       "the row loop 'i0' is not inside the column loop 'i1'"),
+    "fetch without a block read step by step": (RMS, (FetchNextBlock("i0", "i1"),),
+                                                "no weight inside 'i1' is read one contiguous block per iteration"),
+    "fetch missing loop": (QPROJ, (FetchNextBlock("i1", "i0o"),), "no output loop 'i0o'"),
     "vectorize carried value": (carry_kernel, (Vectorize("i0", 16),), "carries 'acc' from one iteration to the"),
     "vectorize lane arithmetic": (lane_arithmetic_kernel, (Vectorize("i0", 16),),
                                   "integer arithmetic that differs between lanes"),
@@ -255,6 +260,67 @@ def test_prefetches_of_the_row_tiles_cover_the_next_block(march):
             assert lines == block, (k.name, fetch)
             fetched += 1
     assert fetched >= 5, "every f32 projection tiled in rows fetches its next block"
+
+
+def next_block_lines(k, fetch, outer) -> tuple[set, set]:
+    """(the lines a FetchNextBlock prefetch touches over the reduction's steps and its line loop,
+    run by the first row tile; the lines of the block after the one the column iteration reads),
+    in the parameter's storage (narrow quants in their bytes)."""
+    line, reduction = outer[-1], outer[-2]
+    columns = next(lp for lp in outer if lp.parallel)
+    assert line.var.endswith("_line") and isinstance(line.extent, Select), line
+    tile = line.extent.cond
+    assert tile == Bin("<", tile.a, IConst(1)) and line.extent.b == IConst(0), line.extent  # the first tile only
+    size = {"f32": 4, "f16": 2, "i8": 1}[next(p.dtype for p in k.params if p.name == fetch.param)]
+    terms, const = linear(fetch.index)
+    per_column = terms.pop(Var(columns.var))
+    assert const == per_column, fetch  # one column iteration on
+    packed = next(d for d in k.schedule if isinstance(d, Pack) and d.param == fetch.param)
+    assert per_column * size * 8 == packed.row * packed.block * size * packed.bits, (fetch, packed)  # a block as stored
+    step, per_line = terms.pop(Var(reduction.var)), terms.pop(Var(line.var))
+    assert not terms and per_line * size == 64, fetch
+    touched = {(const + b * step + i * per_line) * size // 64
+               for b in range(reduction.extent.value) for i in range(line.extent.a.value)}
+    block = {(per_column * size + x) // 64 for x in range(0, per_column * size, 64)}
+    return touched, block
+
+
+def native_k_module(tmp_path, march):
+    """The tiny GGUF with Q4_K, Q6_K and Q5_0 matrices (helpers.write_k_gguf), compiled native:
+    its quants kept in 4, 5 and 6 bits at 16 and 8 lanes, K formats as super-blocks."""
+    from nanocompile.engine.open import open_model
+    from nanocompile.models import load_model
+
+    return open_model(load_model(write_k_gguf(tmp_path / "k.gguf"), progress=False), "native", march).compile(
+        out=lambda _: None)
+
+
+@pytest.mark.parametrize("precision", ["int8", "native"])
+@pytest.mark.parametrize("march", ["x86-64-v4+vnni", "x86-64-v3"])
+def test_first_row_tile_fetches_the_next_block_of_every_quantized_weight(march, precision, tmp_path, monkeypatch):
+    """Each quantized projection's first row tile (and first pair of rows) fetches the next column
+    block while it reads one: every line of it, quants (narrow ones in their storage's bytes) and
+    scales, and nothing outside it (a verify or batched step of a few rows has one tile, whose
+    weights otherwise arrive from memory only when asked for)."""
+    monkeypatch.setenv("NANOCOMPILE_CACHE", str(tmp_path / "cache"))
+    m = compile_model(tiny_config(**dict(VECTOR_CFG, hidden=128, ffn=256, vocab=512)), precision="int8", march=march) \
+        if precision == "int8" else native_k_module(tmp_path, march)
+    fetched = set()
+    for k in m.kernels.values():
+        if not any(isinstance(d, FetchNextBlock) for d in k.schedule):
+            continue
+        for fetch, outer in statements_in_loops(k.body):
+            if isinstance(fetch, Prefetch):
+                touched, block = next_block_lines(k, fetch, outer)
+                assert touched == block, (k.name, fetch)
+                fetched.add((k.name, fetch.param))
+    quantized = {name for name, k in m.kernels.items()  # tiled in rows: split, the tile's rows jammed
+                 if any(isinstance(d, Pack) and d.group == 4 for d in k.schedule)
+                 and any(isinstance(d, Split) and UnrollJam(d.loop + "i", d.factor) in k.schedule for d in k.schedule)}
+    assert quantized and {name for name, _ in fetched} == quantized, (sorted(fetched), sorted(quantized))
+    if precision == "native":  # narrow quants among them, fetched in their own bytes
+        assert any(Pack(p, d.row, d.block, d.group, d.offset, d.bits) in m.kernels[name].schedule and d.bits != 8
+                   for name, p in fetched for d in m.kernels[name].schedule if isinstance(d, Pack) and d.param == p)
 
 
 def test_split_of_a_symbolic_multiple_leaves_no_tail():

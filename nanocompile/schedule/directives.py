@@ -139,6 +139,21 @@ class PrefetchNext:
 
 
 @dataclass(frozen=True)
+class FetchNextBlock:
+    """While the first row tile of output loop `rows` reads a block of a quantized weight (what an
+    iteration of output loop `columns` reads over the whole reduction, its quants in storage and
+    its scales), fetch the block the next iteration reads: each reduction step fetches the lines
+    its own step of the next block holds. A step of a few rows (a verify step, a batched one) has
+    one row tile, whose weights otherwise arrive from memory only when it asks for them: its
+    arithmetic and the reads wait on each other. Changes no value."""
+    columns: str
+    rows: str
+
+    def __str__(self) -> str:
+        return f"FetchNextBlock({self.columns}, {self.rows})"
+
+
+@dataclass(frozen=True)
 class Unpack:
     """Rebuild the bytes of param (a weight Pack keeps in 4-6 bits) that the dot products inside
     loop `at` read, once, before it, into a local array they then read in 8 bits: a prefill

@@ -5,13 +5,19 @@ the whole reduction, K steps of n 64-byte lines, and the row tiles inside read i
 from L2. The next block's first row tile found it in memory. Spreading its K * n lines over the
 row tiles before, one line per reduction step (row tile r takes lines (r mod n) * K onwards;
 two weights read side by side, a gate and its pair, take half a line each), keeps the tile's
-loads from waiting on memory for one more load a step."""
+loads from waiting on memory for one more load a step.
+
+FetchNextBlock is the same for a quantized projection over a few rows: one row tile, so the
+first (and only) tile fetches every line of the next block, each reduction step (a block of 32 or
+a super-block) the lines of its own step there, quants in their storage (4-6 bits) and scales.
+Without it an 8-row verify step's SwiGLU pair took about the time of reading its weights plus the
+time of its arithmetic (docs/results/phase15.md)."""
 from __future__ import annotations
 
 from ..loopir.affine import build, linear
-from ..loopir.ir import DTYPE_BYTES, Bin, IConst, Kernel, Lane, Loop, Prefetch, Var
-from ..loopir.traverse import find_loop, loads, replace
-from .directives import PrefetchNext, ScheduleError
+from ..loopir.ir import DTYPE_BYTES, Bin, Dot, IConst, Kernel, Lane, Load, Loop, Prefetch, Select, Var
+from ..loopir.traverse import find_loop, loads, loops, replace, walk
+from .directives import FetchNextBlock, PrefetchNext, ScheduleError
 
 LINE_BYTES = 64
 
@@ -35,11 +41,60 @@ def prefetch_next(k: Kernel, d: PrefetchNext) -> tuple:
     return body
 
 
-def _loop(k: Kernel, var: str) -> tuple[Loop, tuple]:
+def fetch_next_block(k: Kernel, d: FetchNextBlock) -> tuple:
+    (columns, _), (rows, around_rows) = _loop(k, d.columns, d), _loop(k, d.rows, d)
+    if columns not in around_rows:
+        raise ScheduleError(f"{k.name}: {d}: the row loop {d.rows!r} is not inside the column loop {d.columns!r}")
+    reductions = [s for s in rows.body if isinstance(s, Loop) and not s.is_output and isinstance(s.extent, IConst)]
+    dtypes = {p.name: p.dtype for p in k.params}
+    body, fetched = k.body, False
+    for reduction in reductions:
+        fetches = _block_fetches(reduction, d, dtypes)
+        if fetches:
+            body = replace(body, reduction, (reduction.with_children((reduction.extent,) + fetches + reduction.body),))
+            fetched = True
+    if not fetched:
+        raise ScheduleError(f"{k.name}: {d}: no weight inside {d.rows!r} is read one contiguous block per iteration "
+                            f"of {d.columns!r}, a step of it per reduction step")
+    return body
+
+
+def _block_fetches(reduction: Loop, d: FetchNextBlock, dtypes: dict) -> tuple:
+    """For each parameter read inside the reduction (at any depth) one block per column iteration,
+    step by step (the column's coefficient is the steps times the step's, every other index term a
+    loop inside the reduction): a loop over the lines of the step's share of the next block, run
+    by the first row tile only. Quants read in 4-6 bits are fetched in their storage's bytes."""
+    steps = reduction.extent.value
+    inner = {lp.var for lp in loops(reduction.body)}
+    bits = {n.b.param: n.b_bits for n in walk(reduction) if isinstance(n, Dot) and isinstance(n.b, Load)}
+    blocks = {}
+    for ld in loads(reduction.body):
+        terms, _ = linear(ld.index)
+        terms.pop(Lane(), None)
+        column, step = terms.pop(Var(d.columns), None), terms.pop(Var(reduction.var), None)
+        if ld.param in blocks or column is None or step is None or column != steps * step:
+            continue
+        if any(not (isinstance(a, Var) and a.name in inner) for a in terms):
+            continue
+        width = bits.get(ld.param, 8)
+        if step * width % 8:
+            continue
+        blocks[ld.param] = (column * width // 8, step * width // 8, DTYPE_BYTES[dtypes[ld.param]])
+    first_tile = Bin("<", Var(d.rows), IConst(1))
+    out = []
+    for param, (column, step, size) in blocks.items():
+        line = f"{param}_line"
+        count = -(-step * size // LINE_BYTES)  # the lines one step of the block spans
+        index = build({Var(d.columns): column, Var(reduction.var): step, Var(line): LINE_BYTES // size}, column)
+        out.append(Loop(line, Select(first_tile, IConst(count), IConst(0)), (Prefetch(param, index),)))
+    return tuple(out)
+
+
+def _loop(k: Kernel, var: str, d=None) -> tuple[Loop, tuple]:
     """(the output loop over var, the loops around it)."""
     found = find_loop(k.body, var)
     if found is None or not found[0].is_output:
-        raise ScheduleError(f"{k.name}: PrefetchNext: no output loop {var!r}")
+        raise ScheduleError(f"{k.name}: {d or 'PrefetchNext'}: no output loop {var!r}")
     return found
 
 
