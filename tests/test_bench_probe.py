@@ -21,3 +21,41 @@ def test_probe_builds_without_warnings(level, tmp_path):
     r = subprocess.run([cc, "-O2", "-Wall", "-Werror", "-ffp-contract=off", "-pthread", *LEVELS[level], str(PROBE),
                         "-o", str(tmp_path / "probe"), "-lm"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+AMX_PROBE = PROBE.with_name("amx.c")
+AMX_LEVELS = {"avx2": ["-march=x86-64-v3"], "avx512+vnni": ["-march=x86-64-v4", "-mavx512vnni"],
+              "avx512+vnni+amx": ["-march=x86-64-v4", "-mavx512vnni", "-mamx-tile", "-mamx-int8"]}
+
+
+@pytest.mark.parametrize("level", sorted(AMX_LEVELS))
+def test_amx_probe_builds_without_warnings(level, tmp_path):
+    """bench/probes/amx.c builds at AVX2 (where it only says it needs AVX-512 VNNI), at AVX-512 VNNI
+    without AMX (the VNNI form alone) and with it."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler on this machine")
+    r = subprocess.run([cc, "-O2", "-Wall", "-Werror", "-ffp-contract=off", "-pthread", *AMX_LEVELS[level],
+                        str(AMX_PROBE), "-o", str(tmp_path / "amx")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_amx_products_equal_the_vnni_form_bit_for_bit():
+    """Where the CPU has AMX-INT8 and AVX-512 VNNI: the probe's two AMX forms of a block-quantized
+    product (the weights' columns or the activations' rows as the tiles' rows) give the float sums
+    the kernels' VNNI form gives, bit for bit (the integer block sums are exact, the rescale is
+    the same operations in the same order), at 8 and 16 rows, one thread and two."""
+    from bench.probes.amx import measure
+
+    from nanocompile.target import cpu_flags
+
+    lacking = {"avx512_vnni", "amx_int8", "amx_tile"} - cpu_flags()
+    if lacking:
+        pytest.skip(f"this CPU lacks {', '.join(sorted(lacking))}")
+    for rows in (8, 16):
+        for threads in (1, 2):
+            r = measure(threads, rows)
+            if "amx" in r:  # the kernel refused tile data
+                pytest.skip(r["amx"])
+            assert r["amx_equal_vnni"] is True, r
+            assert r["vnni_gmac_s"] > 0 and r["amx_rows_gmac_s"] > 0, r

@@ -13,8 +13,10 @@
  *              the float sums kept column by column (a transpose at the end of a column block)
  *
  * amx_block's float sums are checked against vnni's (the same numbers in the same order: equal).
- * Prints one JSON object. Usage: amx THREADS ROWS (ROWS: 8 or 16). Needs a CPU with AMX-INT8
- * and a kernel that grants tile data (arch_prctl ARCH_REQ_XCOMP_PERM); prints why not otherwise.
+ * Prints one JSON object. Usage: amx THREADS ROWS (ROWS: 8 or 16). Built with -mamx-tile
+ * -mamx-int8 for a CPU with AMX-INT8 and a kernel that grants tile data (arch_prctl
+ * ARCH_REQ_XCOMP_PERM), else it measures vnni alone and says why; without AVX-512 VNNI it says so.
+ * bench/probes/amx.py builds and runs it.
  */
 #define _GNU_SOURCE
 #include <immintrin.h>
@@ -27,6 +29,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#if !defined(__AVX512VNNI__)
+int main(void)
+{
+    printf("{\"vnni\": \"not built: no AVX-512 VNNI\"}\n");
+    return 0;
+}
+#else
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 #define BLOCKS 28     /* a row of 896: the default model's projections */
@@ -351,3 +360,4 @@ int main(int argc, char **argv)
 #endif
     return 0;
 }
+#endif
