@@ -20,9 +20,10 @@ def test_chunk_sizes_that_cannot_be_built_are_refused(chunks, why):
 
 
 @pytest.mark.parametrize("args, why", [
-    (["PrefetchNext", "--rounds", "0"], "--rounds and --pp at least 1, --tg at least 0 (got 0, 512, 16)"),
+    (["PrefetchNext", "--rounds", "0"], "--rounds and --pp at least 1, --tg and --verify at least 0 (got 0, 512, 16, 0)"),
+    (["PrefetchNext", "--verify", "-1"], "--rounds and --pp at least 1, --tg and --verify at least 0 (got 40, 512, 16, -1)"),
     (["PrefetchNext", "--rounds", "x"], "argument --rounds: invalid int value: 'x'"),
-    (["Split"], "argument directive: invalid choice: 'Split' (choose from 'PairSums', 'PrefetchNext', 'Unpack')")])
+    (["Split"], "argument directive: invalid choice: 'Split' (choose from 'FetchNextBlock', 'PairSums', 'PrefetchNext', 'Unpack')")])
 def test_directive_ab_refuses_what_it_cannot_run(args, why):
     """bench/probes/without.py: rounds below 1, a number that is not one, a directive the recipes
     do not hold: one line, nothing loaded."""
@@ -30,6 +31,24 @@ def test_directive_ab_refuses_what_it_cannot_run(args, why):
                        timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == f"without.py: error: {why}"
+
+
+@pytest.mark.c
+def test_directive_ab_runs_two_different_libraries(tmp_path):
+    """The A/B's library less the directive is built apart from the cache: the recipes' library
+    (found or built under its key) holds the directive, the other none (before, the second could be
+    the first, found under the same key). The tiny GGUF with K formats, native, one round."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from helpers import write_k_gguf
+
+    path = write_k_gguf(tmp_path / "k.gguf")
+    env = {**os.environ, "NANOCOMPILE_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "bench.probes.without", "FetchNextBlock", "-m", str(path), "--precision",
+                        "native", "--rounds", "2", "--pp", "12", "--tg", "1", "--verify", "8", "--no-append"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "FetchNextBlock in " in r.stdout and "none in the other" in r.stdout, r.stdout
+    assert "verify: recipes / less FetchNextBlock" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("args, why", [

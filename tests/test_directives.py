@@ -348,6 +348,23 @@ def test_schedule_is_printed_above_the_kernel():
         assert k.schedule == (UnrollJam("i1", 8), Parallel("i1"))
 
 
+@pytest.mark.parametrize("march, rows, vectors", [("x86-64-v4+vnni", 8, 1), ("x86-64-v3", 2, 2)])
+def test_output_head_takes_a_verify_steps_rows_in_one_tile(march, rows, vectors):
+    """The head over every row's logits runs on a verify step's or a batched step's rows (a prompt
+    reads only its last row's): at 16 lanes its tile is 8 rows of one column vector, not the
+    projections' 6 of 2, and the one-row head packs the weight alike (one layout for both); at 8
+    lanes it is the projections' tile."""
+    m = compile_model(tiny_config(**dict(VECTOR_CFG, hidden=128, ffn=256, vocab=512)), precision="int8", march=march)
+    lanes = 16 if rows == 8 else 8
+    every_row = next(k for n, k in m.kernels.items() if n.startswith("matmul_store_seqx512"))
+    last_row = next(k for n, k in m.kernels.items() if n.startswith("matmul_store_1x512"))
+    assert Split("i0", rows) in every_row.schedule and UnrollJam("i0i", rows) in every_row.schedule, every_row.schedule
+    packs = [{(d.row, d.block) for d in k.schedule if isinstance(d, Pack)} for k in (every_row, last_row)]
+    assert packs[0] == packs[1] and {block for _, block in packs[0]} == {lanes * vectors}, packs
+    projection = next(k for n, k in m.kernels.items() if n.startswith("matmul2_exp_mul"))
+    assert Split("i0", 6 if lanes == 16 else 2) in projection.schedule, projection.schedule
+
+
 def test_default_recipe_parallelizes_every_large_kernel():
     m = compile_model(tiny_config(hidden=64, ffn=256, vocab=512))
     for k in m.kernels.values():

@@ -104,12 +104,13 @@ def _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, un
         for call in prog.calls:
             k = kernels[call.kernel]
             bound.setdefault(call.kernel, set()).update(p.name for p, b in zip(k.params, call.args) if b in unpackable)
+    outputs = weight_params(kernels, programs, "output")
     schedules = {}
     for name, k in kernels.items():
         blocked = state.get(name, frozenset()) - bound.get(name, set())
         recipe = tuple(choose(k) if choose else
                        default_schedule(k, lanes, weights.get(name, ()), blocked, dot_offset,
-                                        (narrow or {}).get(name, {})))
+                                        (narrow or {}).get(name, {}), head=bool(outputs.get(name))))
         measured, against = (tuned or {}).get(kernel_digest(k), (None, None))
         if measured is not None and against in (None, recipe) and is_legal(k, measured) and not (
                 bound.get(name, set()) & {d.param for d in measured if isinstance(d, Pack)}):
