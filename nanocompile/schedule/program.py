@@ -110,7 +110,7 @@ def _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, un
         blocked = state.get(name, frozenset()) - bound.get(name, set())
         recipe = tuple(choose(k) if choose else
                        default_schedule(k, lanes, weights.get(name, ()), blocked, dot_offset,
-                                        (narrow or {}).get(name, {}), head=bool(outputs.get(name))))
+                                        (narrow or {}).get(name, {}), output=bool(outputs.get(name))))
         measured, against = (tuned or {}).get(kernel_digest(k), (None, None))
         if measured is not None and against in (None, recipe) and is_legal(k, measured) and not (
                 bound.get(name, set()) & {d.param for d in measured if isinstance(d, Pack)}):

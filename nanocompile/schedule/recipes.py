@@ -57,11 +57,12 @@ TILES = {16: (6, 24), 8: (4, 12)}
 # 1.22-1.29x faster than 4 vectors x 3 rows (24 of 32 registers) and no slower at one row; AVX2:
 # 2 rows x 2 column vectors x 2 = 8 of 16.
 TILES_INT8 = {16: (6, 48, (2, 4, 1)), 8: (2, 8, (4, 2, 1))}
-# the output head's: its rows are a verify step's or a batched step's (a prompt's last row alone
-# reads the head), so 8 rows x 1 column vector at 16 lanes, every logit of an 8-row step in one
-# tile; the one-row head packs the same (an Intel Xeon, the default model after 256 positions:
-# an 8-row step's time over a row's 1.66x -> 1.60x; phase15.md)
-HEAD_TILES = {16: (8, 16, (1,))}
+# a projection storing a program's output (the signature's): its rows are the few of a step that
+# asks for every row's output (a speculative verify step, a batched one; a prompt asks for its
+# last row's alone), so 8 rows x 1 column vector at 16 lanes, an 8-row step in one tile; the
+# one-row form packs the weight alike (an Intel Xeon, the default model after 256 positions: an
+# 8-row step's time over a row's 1.66x -> 1.60x; phase15.md)
+OUTPUT_TILES = {16: (8, 16, (1,))}
 # a column block's weights are read again by every row tile of a prefill chunk: wider than this,
 # they fall out of a core's L2 (1 MiB on Zen 4/5, 2 MiB on Sapphire Rapids), so the tile takes
 # half the columns and twice the rows. The default model's down projection (4864 long): 4 vectors
@@ -87,16 +88,16 @@ KNOBS = {
 
 
 def default_schedule(k: Kernel, lanes: int = 0, weights=frozenset(), state=frozenset(), dot_offset: int = 0,
-                     narrow=None, head: bool = False) -> tuple:
+                     narrow=None, output: bool = False) -> tuple:
     """The first legal candidate of the kernel's recipes. lanes: 16 (AVX-512), 8 (AVX2) or 0
     (no vector code); weights: the parameters bound to weights, which may be packed; state: those
     bound to state buffers, which may be packed in blocks of positions; dot_offset: what int8
     weights read by dot products are stored plus, unsigned (target.dot_weight_offset); narrow:
     {int8 weight parameter: (bits, offset)} for the values that fit 4-6 bits, kept so where the
-    target's dot products take them (16 lanes, unsigned); head: the kernel stores the model's output
-    (the logits: the output head, whose rows are few, HEAD_TILES)."""
+    target's dot products take them (16 lanes, unsigned); output: the kernel stores a program's
+    output (OUTPUT_TILES)."""
     return first_legal(k, _candidates(k, lanes, frozenset(weights), frozenset(state), dot_offset, dict(narrow or {}),
-                                      head))
+                                      output))
 
 
 def _column_loop(k: Kernel):
@@ -201,10 +202,10 @@ def superblock_projection(col: Loop, row, supers: Loop, subs: Loop, products: Lo
 
 
 def _candidates(k: Kernel, lanes: int, weights: frozenset, state: frozenset = frozenset(), dot_offset: int = 0,
-                narrow: dict | None = None, head: bool = False):
+                narrow: dict | None = None, output: bool = False):
     block = _block_column_loop(k)
     if block and lanes:
-        yield from _block_projection(k, *block, lanes, weights, dot_offset, narrow, head)
+        yield from _block_projection(k, *block, lanes, weights, dot_offset, narrow, output)
     superblock = _superblock_column_loop(k)
     if superblock and lanes:
         yield from _superblock_projection(k, *superblock, lanes, weights, dot_offset, narrow)
@@ -322,14 +323,15 @@ def projection(col: Loop, row, reduction: Loop, lanes: int, packed: list, column
 
 
 def _block_projection(k: Kernel, col: Loop, row, blocks: Loop, products: Loop, lanes: int, weights: frozenset,
-                      dot_offset: int = 0, narrow: dict | None = None, head: bool = False):
+                      dot_offset: int = 0, narrow: dict | None = None, output: bool = False):
     """An int8 projection (block_projection), with as many column vectors and (prefill) rows per
     tile as TILES_INT8's register budget holds: each lane keeps an int32 sum and a float32 sum,
-    2 registers per column vector and row. The output head's tile is HEAD_TILES's where it has one."""
+    2 registers per column vector and row. One storing a program's output takes OUTPUT_TILES's tile
+    where it has one."""
     operands = _block_operands(k, blocks, products, weights)
     if not operands:
         return
-    rows, budget, order = HEAD_TILES[lanes] if head and lanes in HEAD_TILES else TILES_INT8[lanes]
+    rows, budget, order = OUTPUT_TILES[lanes] if output and lanes in OUTPUT_TILES else TILES_INT8[lanes]
     accumulators = sum(1 for s in col.body if isinstance(s, AccInit))
     for columns in order:
         if 2 * columns * accumulators * rows > budget and columns > 1:
