@@ -2,6 +2,7 @@
 AVX-512 with and without VNNI): the AVX-512 and VNNI parts compile only where the level has them."""
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,12 @@ def test_amx_products_equal_the_vnni_form_bit_for_bit():
                 pytest.skip(r["amx"])
             assert r["amx_equal_vnni"] is True, r
             assert r["vnni_gmac_s"] > 0 and r["amx_rows_gmac_s"] > 0, r
+
+
+def test_amx_probe_refuses_a_thread_count_it_cannot_run(tmp_path):
+    """bench.probes.amx --threads 0: one line, nothing built or appended."""
+    root = Path(__file__).parents[1]
+    r = subprocess.run([sys.executable, "-m", "bench.probes.amx", "--threads", "0"], cwd=root, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == "amx.py: error: argument --threads: '0': a whole number, at least 1"

@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from bench.support.measure import THREADS, append, machine
+from bench.support.measure import THREADS, append, machine, positive_int
 
 SOURCE = Path(__file__).with_name("amx.c")
 
@@ -35,7 +35,7 @@ def measure(threads: int, rows: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=THREADS)
+    ap.add_argument("--threads", type=positive_int, default=THREADS)
     args = ap.parse_args()
     results = [measure(threads, rows) for rows in (8, 16) for threads in sorted({1, args.threads})]
     for r in results:

@@ -23,7 +23,7 @@ LINE_BYTES = 64
 
 
 def prefetch_next(k: Kernel, d: PrefetchNext) -> tuple:
-    (columns, _), (rows, around_rows) = _loop(k, d.columns), _loop(k, d.rows)
+    (columns, _), (rows, around_rows) = _loop(k, d.columns, "PrefetchNext"), _loop(k, d.rows, "PrefetchNext")
     if columns not in around_rows:
         raise ScheduleError(f"{k.name}: PrefetchNext: the row loop {d.rows!r} is not inside the column loop "
                             f"{d.columns!r}")
@@ -42,7 +42,7 @@ def prefetch_next(k: Kernel, d: PrefetchNext) -> tuple:
 
 
 def fetch_next_block(k: Kernel, d: FetchNextBlock) -> tuple:
-    (columns, _), (rows, around_rows) = _loop(k, d.columns, d), _loop(k, d.rows, d)
+    (columns, _), (rows, around_rows) = _loop(k, d.columns, str(d)), _loop(k, d.rows, str(d))
     if columns not in around_rows:
         raise ScheduleError(f"{k.name}: {d}: the row loop {d.rows!r} is not inside the column loop {d.columns!r}")
     reductions = [s for s in rows.body if isinstance(s, Loop) and not s.is_output and isinstance(s.extent, IConst)]
@@ -90,11 +90,11 @@ def _block_fetches(reduction: Loop, d: FetchNextBlock, dtypes: dict) -> tuple:
     return tuple(out)
 
 
-def _loop(k: Kernel, var: str, d=None) -> tuple[Loop, tuple]:
-    """(the output loop over var, the loops around it)."""
+def _loop(k: Kernel, var: str, who: str) -> tuple[Loop, tuple]:
+    """(the output loop over var, the loops around it); who: the directive, for the error."""
     found = find_loop(k.body, var)
     if found is None or not found[0].is_output:
-        raise ScheduleError(f"{k.name}: {d or 'PrefetchNext'}: no output loop {var!r}")
+        raise ScheduleError(f"{k.name}: {who}: no output loop {var!r}")
     return found
 
 
