@@ -175,6 +175,49 @@ def test_native_library_is_bitwise_its_unscheduled_build_and_the_interpreter(tin
     assert again.packed_path == compiled.packed_path
 
 
+def test_narrow_projections_take_a_verify_steps_rows_in_one_tile(tiny_native):
+    """At 16 lanes a projection whose quants all stay in 4-6 bits tiles 8 rows x 1 column vector
+    (a verify or batched step of 8 rows is one tile); one reading Q8_0's full bytes keeps 6 x 2;
+    at 8 lanes both keep the 8-lane tile. Compiled for each level: no CPU of that level needed."""
+    from nanocompile.engine.open import open_model
+    from nanocompile.schedule import Pack, Split, UnrollJam
+
+    model, _ = tiny_native
+    for march, narrow_tile, full_rows in (("x86-64-v4+vnni", {(8, 16)}, {6}), ("x86-64-v3", None, {2})):
+        module = open_model(model, "native", march).compile(out=lambda _: None)
+        tiles = {}
+        for name, k in module.kernels.items():
+            quants = [d for d in k.schedule if isinstance(d, Pack) and d.group == 4]
+            if quants and name.startswith("matmul"):
+                rows = next(d.factor for d in k.schedule if isinstance(d, Split) and d.loop == "i0")
+                assert rows == 2 or UnrollJam("i0i", rows) in k.schedule, (name, k.schedule)
+                narrow = all(d.bits < 8 for d in quants)
+                tiles.setdefault(narrow, set()).update((rows, d.block) for d in quants)
+        assert {rows for rows, _ in tiles[False]} == full_rows, (march, tiles)
+        assert tiles[True] == narrow_tile if narrow_tile else {rows for rows, _ in tiles[True]} == full_rows, (march, tiles)
+
+
+@pytest.mark.c
+def test_a_verify_steps_rows_in_narrow_tiles_are_bitwise_the_interpreter(tiny_native, monkeypatch):
+    """Steps of 8 to 17 rows after a prompt (one 8-row tile with and without the rows left over,
+    two tiles): every row's logits and the KV cache bit for bit the interpreter's, at this CPU's
+    level (the other levels' tiles are the existing ones)."""
+    model, cache = tiny_native
+    monkeypatch.setenv("NANOCOMPILE_CACHE", str(cache))
+    rng = np.random.default_rng(8)
+    compiled = open_session(model, "compiled", n_ctx=128, threads=2, precision="native")
+    interp = InterpreterSession.from_weights(model.config, model.weights, n_ctx=128, precision="native")
+    prompt = [int(t) for t in rng.integers(0, model.config.vocab_size, 20)]
+    for s in (compiled, interp):
+        s.step(prompt)
+    for rows in (8, 9, 11, 16, 17):
+        ids = [int(t) for t in rng.integers(0, model.config.vocab_size, rows)]
+        assert same_bits(compiled.step(ids, all_logits=True), interp.step(ids, all_logits=True)), rows
+    for layer in range(model.config.num_hidden_layers):
+        for a, kv in zip(compiled.read_cache(layer), "kv"):
+            assert same_bits(a, interp.cache[f"cache.{layer}.{kv}"]), (layer, kv)
+
+
 @pytest.mark.c
 @pytest.mark.levels
 def test_native_keeps_five_bit_weights_where_the_target_can(tiny_native, monkeypatch):

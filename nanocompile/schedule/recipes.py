@@ -63,6 +63,12 @@ TILES_INT8 = {16: (6, 48, (2, 4, 1)), 8: (2, 8, (4, 2, 1))}
 # one-row form packs the weight alike (an Intel Xeon, the default model after 256 positions: an
 # 8-row step's time over a row's 1.66x -> 1.60x; phase15.md)
 OUTPUT_TILES = {16: (8, 16, (1,))}
+# a projection whose quants all stay in 4-6 bits (narrow, 16 lanes): 8 rows x 1 column vector, the
+# super-block projections' tile, so a verify or batched step of 8 rows is one tile and shares each
+# rebuilt weight vector among 8 rows (an Intel Xeon, the default model native after 256
+# positions, against 6 x 2: an 8-row step 0.89x, 16 rows 0.88x, one row and 96 rows unchanged;
+# Q8_0's full bytes keep 6 x 2: 96 rows 1.05x slower in 8 x 1; phase16.md)
+NARROW_TILES = {16: (8, 32, (1,))}
 # a column block's weights are read again by every row tile of a prefill chunk: wider than this,
 # they fall out of a core's L2 (1 MiB on Zen 4/5, 2 MiB on Sapphire Rapids), so the tile takes
 # half the columns and twice the rows. The default model's down projection (4864 long): 4 vectors
@@ -327,11 +333,13 @@ def _block_projection(k: Kernel, col: Loop, row, blocks: Loop, products: Loop, l
     """An int8 projection (block_projection), with as many column vectors and (prefill) rows per
     tile as TILES_INT8's register budget holds: each lane keeps an int32 sum and a float32 sum,
     2 registers per column vector and row. One storing a program's output takes OUTPUT_TILES's tile
-    where it has one."""
+    where it has one, one whose quants all stay narrow NARROW_TILES's."""
     operands = _block_operands(k, blocks, products, weights)
     if not operands:
         return
-    rows, budget, order = OUTPUT_TILES[lanes] if output and lanes in OUTPUT_TILES else TILES_INT8[lanes]
+    all_narrow = narrow is not None and all(p in narrow for p in operands[0])
+    rows, budget, order = OUTPUT_TILES[lanes] if output and lanes in OUTPUT_TILES else \
+        NARROW_TILES[lanes] if all_narrow and lanes in NARROW_TILES else TILES_INT8[lanes]
     accumulators = sum(1 for s in col.body if isinstance(s, AccInit))
     for columns in order:
         if 2 * columns * accumulators * rows > budget and columns > 1:
