@@ -68,8 +68,8 @@ OUTPUT_TILES = {16: (8, 16, (1,))}
 # a projection whose quants all stay in 4-6 bits (narrow, 16 lanes): 8 rows x 1 column vector, the
 # super-block projections' tile, so a verify or batched step of 8 rows is one tile and shares each
 # rebuilt weight vector among 8 rows (an Intel Xeon, the default model native after 256
-# positions, against 6 x 2: an 8-row step 0.89x, 16 rows 0.88x, one row and 96 rows unchanged;
-# Q8_0's full bytes keep 6 x 2: 96 rows 1.05x slower in 8 x 1; phase16.md)
+# positions, against 6 x 2: an 8-row step 0.89-0.92x, 16 rows 0.88-0.90x, one row unchanged, a
+# 96-row chunk 1.00-1.02x; Q8_0's full bytes keep 6 x 2: 96 rows 1.05x slower in 8 x 1; phase16.md)
 NARROW_TILES = {16: (8, 32, (1,))}
 # a column block's weights are read again by every row tile of a prefill chunk: wider than this,
 # they fall out of a core's L2 (1 MiB on Zen 4/5, 2 MiB on Sapphire Rapids), so the tile takes
