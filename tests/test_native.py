@@ -178,7 +178,8 @@ def test_native_library_is_bitwise_its_unscheduled_build_and_the_interpreter(tin
 def test_narrow_projections_take_a_verify_steps_rows_in_one_tile(tiny_native):
     """At 16 lanes a projection whose quants all stay in 4-6 bits tiles 8 rows x 1 column vector
     (a verify or batched step of 8 rows is one tile); one reading Q8_0's full bytes keeps 6 x 2;
-    at 8 lanes both keep the 8-lane tile. Compiled for each level: no CPU of that level needed."""
+    at 8 lanes both take 4 rows. Rows left over past 4 go in a tile of 4, then pairs. Compiled
+    for each level: no CPU of that level needed."""
     from nanocompile.engine.open import open_model
     from nanocompile.schedule import Pack, Split, UnrollJam
 
@@ -191,6 +192,9 @@ def test_narrow_projections_take_a_verify_steps_rows_in_one_tile(tiny_native):
             if quants and name.startswith("matmul"):
                 rows = next(d.factor for d in k.schedule if isinstance(d, Split) and d.loop == "i0")
                 assert rows == 2 or UnrollJam("i0i", rows) in k.schedule, (name, k.schedule)
+                tails = [(Split("i0t", 4), UnrollJam("i0ti", 4)), (Split("i0tt", 2), UnrollJam("i0tti", 2))] \
+                    if rows > 4 else [(Split("i0t", 2), UnrollJam("i0ti", 2))]
+                assert all(d in k.schedule for tail in tails for d in tail), (name, k.schedule)
                 narrow = all(d.bits < 8 for d in quants)
                 tiles.setdefault(narrow, set()).update((rows, d.block) for d in quants)
         assert {rows for rows, _ in tiles[False]} == full_rows, (march, tiles)
@@ -199,9 +203,10 @@ def test_narrow_projections_take_a_verify_steps_rows_in_one_tile(tiny_native):
 
 @pytest.mark.c
 def test_a_verify_steps_rows_in_narrow_tiles_are_bitwise_the_interpreter(tiny_native, monkeypatch):
-    """Steps of 8 to 17 rows after a prompt (one 8-row tile with and without the rows left over,
-    two tiles): every row's logits and the KV cache bit for bit the interpreter's, at this CPU's
-    level (the other levels' tiles are the existing ones)."""
+    """Steps of 3 to 17 rows after a prompt (8-row tiles, none to two, and the rows left over in
+    a tile of 4, a pair and one, each alone and together; the Q8_0 projections' 6-row tiles
+    likewise): every row's logits and the KV cache bit for bit the interpreter's, at this CPU's
+    level."""
     model, cache = tiny_native
     monkeypatch.setenv("NANOCOMPILE_CACHE", str(cache))
     rng = np.random.default_rng(8)
@@ -210,7 +215,7 @@ def test_a_verify_steps_rows_in_narrow_tiles_are_bitwise_the_interpreter(tiny_na
     prompt = [int(t) for t in rng.integers(0, model.config.vocab_size, 20)]
     for s in (compiled, interp):
         s.step(prompt)
-    for rows in (8, 9, 11, 16, 17):
+    for rows in (3, 4, 5, 7, 8, 9, 11, 15, 16, 17):
         ids = [int(t) for t in rng.integers(0, model.config.vocab_size, rows)]
         assert same_bits(compiled.step(ids, all_logits=True), interp.step(ids, all_logits=True)), rows
     for layer in range(model.config.num_hidden_layers):

@@ -398,15 +398,19 @@ def _quantized_projection(col: Loop, row, elements: int, products: str, lanes: i
                    and elements * lanes * columns <= UNPACK_BYTES]
         tile = [Reorder(row.var, col.var)] + ([Split(row.var, rows), UnrollJam(row.var + "i", rows)] if rows > 1 else
                                               [Split(row.var, 2)] if unpacks else [])
-        if rows > 2:  # the rows left after the tiles in pairs, each pair sharing its weights' reads
-            tile += [Split(row.var + "t", 2), UnrollJam(row.var + "ti", 2)]
+        # the rows left after the tiles: past 4 of them, in a tile of 4 (a step of 4-7 rows
+        # reads its weights once more, not twice or three times: an Intel Xeon, native, 8-row
+        # tiles: 4 rows 0.85x, 5-7 rows 0.87-0.89x; phase16.md), then in pairs, each pair sharing
+        # its weights' reads
+        tails = [("t", 4), ("tt", 2)] if rows > 4 else [("t", 2)] if rows > 2 else []
+        for tail, factor in tails:
+            tile += [Split(row.var + tail, factor), UnrollJam(row.var + tail + "i", factor)]
         if rows > 1:
-            # the first row tile fetches the next column block: a step of a few rows computes
-            # about as long as its weights take to arrive, and the two overlap only so (an Intel
-            # Xeon, the default model after 256 positions: an 8-row step 0.86x at 16 lanes, 0.89x
-            # at 8; phase15.md)
-            fetch = [FetchNextBlock(col.var, row.var + "o")] + \
-                ([FetchNextBlock(col.var, row.var + "to")] if rows > 2 else [])
+            # the first row tile fetches the next column block, as does the first of each tail's
+            # tiles: a step of a few rows computes about as long as its weights take to arrive,
+            # and the two overlap only so (an Intel Xeon, the default model after 256 positions:
+            # an 8-row step 0.86x at 16 lanes, 0.89x at 8; phase15.md)
+            fetch = [FetchNextBlock(col.var, row.var + loop) for loop in ["o"] + [tail + "o" for tail, _ in tails]]
     return head + tile + [Parallel(col.var)] + fetch + unpacks
 
 
