@@ -202,11 +202,12 @@ def test_narrow_projections_take_a_verify_steps_rows_in_one_tile(tiny_native):
 
 
 @pytest.mark.c
+@pytest.mark.levels
 def test_a_verify_steps_rows_in_narrow_tiles_are_bitwise_the_interpreter(tiny_native, monkeypatch):
     """Steps of 3 to 17 rows after a prompt (8-row tiles, none to two, and the rows left over in
     a tile of 4, a pair and one, each alone and together; the Q8_0 projections' 6-row tiles
-    likewise): every row's logits and the KV cache bit for bit the interpreter's, at this CPU's
-    level."""
+    likewise; at 8 lanes 4-row tiles): every row's logits and the KV cache bit for bit the
+    interpreter's, at every level this CPU runs."""
     model, cache = tiny_native
     monkeypatch.setenv("NANOCOMPILE_CACHE", str(cache))
     rng = np.random.default_rng(8)
