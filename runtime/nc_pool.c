@@ -23,7 +23,8 @@
  * chunks of the call took on average, or as the call had run if it took none, and asleep at
  * least NC_STALL_MIN_NS, a scheduler time slice: shorter hiccups happen on a quiet machine and
  * halving the threads for them cost 1.2-1.4x of a 2-thread prefill; and the process
- * was preempted since the last look: getrusage's involuntary context switches), the pool halves
+ * was preempted since the last look: getrusage's involuntary context switches; and such stalls
+ * took a third of the last 100 ms or so: a brief preemption costs less than a thread), the pool halves
  * the number of threads that take chunks, at once, for a back-off time that doubles while it
  * keeps happening soon after the threads came back (20 ms to 1 s), then tries twice as many
  * again. With a core taken by another program, -t 2 settles on one thread on the free core
@@ -67,6 +68,11 @@
 /* a stall this soon after the threads came back means the core is still taken: the back-off
  * doubles; a later one is a new, passing preemption: it starts again from the least */
 #define NC_PERSIST_NS 250000000ull /* 250 ms */
+/* stalls halve the threads only when they took this share of the last NC_STALL_WINDOW_NS or so
+ * (a sum decaying as window / (window + age)): in the server at 4 clients, halving at every
+ * stall ran the pool on one thread 80% of the time and 4 clients decoded 1.6x slower */
+#define NC_STALL_WINDOW_NS 100000000ull /* 100 ms */
+#define NC_STALL_SHARE (1.0 / 3)
 
 struct nc_pool {
     _Alignas(64) _Atomic uint64_t work; /* the open call, its chunks, the next chunk (above) */
@@ -88,6 +94,8 @@ struct nc_pool {
     pthread_mutex_t control; /* over these: */
     uint64_t backoff, restored_at; /* restored_at: when the threads last came back after a back-off */
     long preemptions;
+    double stalled_ns;   /* time lost to stalls lately, decaying with NC_STALL_WINDOW_NS */
+    uint64_t stalled_at; /* when it was last updated */
     int small_calls; /* the calling thread's: the last pass's calls were too short to share */
     /* fixed at creation */
     int n_threads, active, spins;
@@ -177,7 +185,7 @@ static void open_call(nc_pool *p, uint32_t seq, unsigned chunks)
         futex_wake(&p->opened, wake);
 }
 
-static void note_stall(nc_pool *p);
+static void note_stall(nc_pool *p, uint64_t waited);
 
 /* A thread's chunks of the call it took chunks of last: the yardstick for its wait. */
 struct mine {
@@ -209,8 +217,9 @@ static void wait_for_next(nc_pool *p, uint64_t w, int caller, const struct mine 
     if (caller)
         atomic_store(&p->caller_sleeps, 0);
     /* inside a pass, far longer than a chunk takes: a thread holding one was descheduled */
-    if (chunks_of(w) > 0 && ticks() - start > NC_STALL * yardstick && now_ns() - asleep_since >= NC_STALL_MIN_NS)
-        note_stall(p);
+    uint64_t waited = now_ns() - asleep_since;
+    if (chunks_of(w) > 0 && ticks() - start > NC_STALL * yardstick && waited >= NC_STALL_MIN_NS)
+        note_stall(p, waited);
 }
 
 /* Runs a claimed chunk; the thread that finishes a call's last chunk opens the next call. */
@@ -275,7 +284,7 @@ static void set_taking(nc_pool *p, int n)
 
 /* After a stall inside a pass: if the process was preempted since the last look, fewer threads
  * take chunks, from now until the back-off time has passed. */
-static void note_stall(nc_pool *p)
+static void note_stall(nc_pool *p, uint64_t waited)
 {
     if (pthread_mutex_trylock(&p->control) != 0)
         return; /* another thread is looking */
@@ -283,6 +292,16 @@ static void note_stall(nc_pool *p)
     if (seen != p->preemptions) {
         p->preemptions = seen;
         uint64_t now = now_ns();
+        /* a brief preemption (the server's streaming thread, a client on the same machine) costs
+         * less than giving up a thread: only stalls taking a third of the recent time do */
+        double window = (double)NC_STALL_WINDOW_NS, dt = (double)(now - p->stalled_at);
+        p->stalled_ns = p->stalled_ns * window / (window + dt) + (double)waited;
+        p->stalled_at = now;
+        if (p->stalled_ns < window * NC_STALL_SHARE) {
+            pthread_mutex_unlock(&p->control);
+            return;
+        }
+        p->stalled_ns = 0;
         /* Doubling only while the contention persists: on a machine where something else runs
          * now and then (seen: a shared VM's agent, a few percent of a core), sporadic stalls a
          * second apart each doubled it before, to 1 s at half the threads, and decode ran 1.8x

@@ -18,7 +18,12 @@ wall time of all steps (stalls count); pp: prompt tokens over the prefill's wall
 with no load -t 2 >= 0.5x -t 1 and -t 8 >= 0.7x -t 2 (tg).
 
     python -m bench.probes.contention [--rounds 3] [--pp 256] [--tg 64] [--tiny-tg 240] [--no-llama]
-                               [--before-python /path/to/venv/bin/python] [--label after]
+                               [--precision f32|int8|native] [--before-python /path/to/venv/bin/python]
+                               [--label after]
+
+--precision: the default model's precision (f32, the first runs' and their records'; native is what
+`nanocompile run` uses on the default file, whose decode calls are short: a stall costs more of
+them); llama.cpp runs the same numbers (F32, Q8_0, the file itself).
 
 Workers run from /tmp, so each imports the nanocompile installed in its environment, not this
 source tree.
@@ -55,7 +60,7 @@ def _tiny_session(threads: int):
     return CompiledSession.from_weights(cfg, random_weights(cfg, seed=1), n_ctx=cfg.max_position_embeddings, threads=threads)
 
 
-def worker(engine: str, model: str, threads: int, pp: int, tg: int) -> dict:
+def worker(engine: str, model: str, threads: int, pp: int, tg: int, precision: str = "f32") -> dict:
     import numpy as np
 
     if model == "tiny":
@@ -70,13 +75,15 @@ def worker(engine: str, model: str, threads: int, pp: int, tg: int) -> dict:
         from nanocompile.engine.compiled import CompiledSession
         from nanocompile.models import load_model
         m = load_model("default", progress=False)
-        engine = CompiledSession.from_weights(m.config, m.weights, pp + tg + 8, threads, m.key)
+        engine = CompiledSession.from_weights(m.config, m.weights, pp + tg + 8, threads, m.key, precision=precision)
     else:
         from bench.support.peer import LlamaCpp, requantized
         from nanocompile.cache.location import cache_dir
         from nanocompile.models import load_model
         source = load_model("default", progress=False).source
-        engine = LlamaCpp(requantized(Path(source), "f32", cache_dir() / "requantized"), pp + tg + 8, threads)
+        gguf = Path(source) if precision == "native" else requantized(
+            Path(source), "f32" if precision == "f32" else "q8_0", cache_dir() / "requantized")
+        engine = LlamaCpp(gguf, pp + tg + 8, threads)
     timed_run(engine, prompt[:16], 4)  # warm-up
     p, steps = timed_run(engine, prompt, tg)
     return {"pp": pp / p, "tg": tg / sum(steps)}
@@ -104,7 +111,7 @@ def measure(engine: str, model: str, threads: int, load: bool, args) -> dict:
     python = args.before_python if engine == "nanocompile-before" else sys.executable
     cmd = [python, str(Path(__file__).resolve()), "--worker", "llama.cpp" if engine == "llama.cpp" else "nanocompile",
            "--model", model, "--threads", str(threads), "--pp", str(args.pp),
-           "--tg", str(args.tiny_tg if model == "tiny" else args.tg)]
+           "--tg", str(args.tiny_tg if model == "tiny" else args.tg), "--precision", args.precision]
     with busy_loop(load):
         r = subprocess.run(cmd, capture_output=True, text=True, cwd="/tmp", timeout=3600)
     if r.returncode != 0:
@@ -141,20 +148,23 @@ def main() -> None:
     ap.add_argument("--tg", type=int, default=64)
     ap.add_argument("--tiny-tg", type=int, default=240)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--precision", choices=["f32", "int8", "native"], default="f32",
+                    help="the default model's precision (the tiny model is f32)")
     ap.add_argument("--no-llama", action="store_true")
     ap.add_argument("--only", default="", help="run only configurations whose name contains this")
     ap.add_argument("--label", default="", help="recorded with the results (e.g. before, after)")
     ap.add_argument("--before-python", help="a Python whose environment has the nanocompile to compare with")
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.model, args.threads, args.pp, args.tg)))
+        print(json.dumps(worker(args.worker, args.model, args.threads, args.pp, args.tg,
+                                "f32" if args.model == "tiny" else args.precision)))
         return
 
     groups = [[c for c in g if args.only in key(c)] for g in configurations(not args.no_llama, bool(args.before_python))]
     groups = [g for g in groups if g]
     configs = [c for g in groups for c in g]
     for engine in {c[0] for c in configs if c[1] == "tiny"}:  # builds the tiny library outside the timing
-        measure(engine, "tiny", 1, False, argparse.Namespace(pp=args.pp, tg=args.tg, tiny_tg=8,
+        measure(engine, "tiny", 1, False, argparse.Namespace(pp=args.pp, tg=args.tg, tiny_tg=8, precision="f32",
                                                              before_python=args.before_python))
     per_round = []
     for r in range(args.rounds):
@@ -213,7 +223,7 @@ def main() -> None:
     for name, r in extra.items():
         if r:
             print(f"{name}: {r['median']:.3f} (by round {[round(x, 3) for x in r['by_round']]})")
-    append({"bench": "contention", "label": args.label, "pp": args.pp, "tg": args.tg, "tiny_tg": args.tiny_tg,
+    append({"bench": "contention", "label": args.label, "precision": args.precision, "pp": args.pp, "tg": args.tg, "tiny_tg": args.tiny_tg,
             "tiny_config": TINY, "rounds": args.rounds, "results": results, "per_round": per_round,
             "gates": {k: {"ratio": v[0], "bound": v[1], "holds": verdicts.get(k)} for k, v in gates.items()},
             "ratios": extra, "load": "one single-threaded busy loop (python), own session, unpinned",
