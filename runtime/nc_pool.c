@@ -282,8 +282,8 @@ static void set_taking(nc_pool *p, int n)
         futex_wake(&p->taking, INT_MAX);
 }
 
-/* After a stall inside a pass: if the process was preempted since the last look, fewer threads
- * take chunks, from now until the back-off time has passed. */
+/* After a stall inside a pass: if the process was preempted since the last look and stalls took a
+ * third of the recent time, fewer threads take chunks, from now until the back-off time has passed. */
 static void note_stall(nc_pool *p, uint64_t waited)
 {
     if (pthread_mutex_trylock(&p->control) != 0)

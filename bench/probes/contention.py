@@ -156,8 +156,7 @@ def main() -> None:
     ap.add_argument("--before-python", help="a Python whose environment has the nanocompile to compare with")
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.model, args.threads, args.pp, args.tg,
-                                "f32" if args.model == "tiny" else args.precision)))
+        print(json.dumps(worker(args.worker, args.model, args.threads, args.pp, args.tg, args.precision)))
         return
 
     groups = [[c for c in g if args.only in key(c)] for g in configurations(not args.no_llama, bool(args.before_python))]
