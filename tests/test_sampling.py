@@ -19,6 +19,20 @@ def test_greedy_forms_pick_the_largest_logit():
         assert set(np.nonzero(_draws(params, 50))[0]) == {1}, params
 
 
+def test_greedy_reads_the_float32_logits_as_the_float64_path_does():
+    """Greedy without penalties skips the float64 copy: the same token on logits with ties (the
+    first of equal maxima) and extremes; with a penalty it takes the float64 path."""
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        logits = rng.integers(-4, 5, 1000).astype(np.float32) * np.float32(1e37)  # many ties, near the top
+        greedy = Sampler(SamplingParams(temperature=0))
+        assert greedy(logits) == int(np.argmax(logits.astype(np.float64))) == int(np.flatnonzero(logits == logits.max())[0])
+    penalized = Sampler(SamplingParams(temperature=0, repeat_penalty=4.0))
+    penalized.accept([1])
+    assert penalized(LOGITS) == 2  # 3.0 / 4 falls below 2.5
+    assert Sampler(SamplingParams(temperature=0, repeat_penalty=4.0))(LOGITS) == 1  # nothing remembered yet
+
+
 @pytest.mark.slow
 def test_draws_follow_the_tempered_distribution():
     logits = np.array([0.0, np.log(3.0)], np.float32)
@@ -105,3 +119,16 @@ def test_parameters_are_named_as_the_api_names_them():
         SamplingParams(temperature=float("nan")).check(flag_names=False)
     with pytest.raises(InputError, match="^--temp must be a finite number"):
         SamplingParams(temperature=float("inf")).check()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", [0, 7, 151935])
+def test_one_non_finite_logit_anywhere_is_refused(bad, where):
+    from nanocompile.engine.stream import check_finite
+    from nanocompile.errors import NonFiniteLogitsError
+
+    logits = np.random.default_rng(where).standard_normal(151936).astype(np.float32)
+    assert check_finite(logits, 1, "a step") is logits
+    logits[where] = bad
+    with pytest.raises(NonFiniteLogitsError, match=f"{int(np.isnan(bad))} NaN and {int(np.isinf(bad))} infinite"):
+        check_finite(logits, 1, "a step")
