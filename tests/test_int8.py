@@ -11,7 +11,8 @@ import subprocess
 import numpy as np
 import pytest
 from bench.support.tiny import random_weights, tiny_config
-from helpers import (TARGETS, THREADS, activations, check_bitwise, graph_kernels, greedy_run, projection_graph, use_target)
+from helpers import (TARGETS, THREADS, activations, check_bitwise, graph_kernels, greedy_run, make_graph, projection_graph,
+                     use_target)
 
 from nanocompile.codegen.options import DEFAULT_CHUNK
 from nanocompile.compiler.graph_library import GraphLibrary
@@ -112,6 +113,45 @@ def test_lane_reduce_is_for_max_reductions_only():
         apply(k, (LaneReduce("j", 16),))  # a sum: its order is its value
     with pytest.raises(ScheduleError, match="output loop"):
         apply(amax, (LaneReduce("i0", 16),))
+
+
+@pytest.mark.parametrize("march", TARGETS)
+@pytest.mark.parametrize("k,blocks", [(256, 16), (256, 8), (512, 2)])  # runs of 16 (Q6_K), 32 (Q4_K), 256
+def test_activation_block_sums_are_integer_byte_sums(march, k, blocks, monkeypatch):
+    """The quantized activations' block sums (a K-format projection's xs operand) are float32
+    sums of int8 values: the recipe takes each as one integer sum (ByteSums, nc_sum_i8), bitwise
+    the float loop it replaces, blocks of all -127 or +127 included."""
+    from nanocompile.frontend import nn
+    from nanocompile.ir import SEQ
+
+    use_target(march, monkeypatch)
+    g = make_graph(f"sums_{k}_{blocks}", lambda b: nn.sub_block_sums(b, b.input("x", [SEQ, k], "i8"), blocks))
+    lib = GraphLibrary(g, fuse=True, schedule="default")
+    assert "nc_sum_i8(" in lib.source and "ByteSums(" in lib.source
+    rng = np.random.default_rng(k + blocks)
+    for seq in (1, 3, 16):
+        x = rng.integers(-127, 128, (seq, k), dtype=np.int8)
+        x[0], x[-1] = 127, -127
+        env = {"seq": seq, "past": 0}
+        want = interpreter.run(g, env, {"x": x}, {})
+        for t in THREADS:
+            got = lib.run(env, {"x": x}, {}, threads=t)
+            assert np.array_equal(got["out0"].view(np.uint8), want["out0"].view(np.uint8)), (seq, t)
+        assert np.array_equal(want["out0"], x.reshape(seq, blocks, -1).sum(-1, dtype=np.int64))  # exact sums
+
+
+def test_byte_sums_take_int8_sums_only():
+    from nanocompile.schedule import ByteSums
+
+    g = projection_graph(64, 32)
+    k = next(k for k in graph_kernels(g).values() if k.op == "block_matmul")
+    with pytest.raises(ScheduleError, match="int8 values as float32|one sum update"):
+        apply(k, (ByteSums("j"),))  # int32 products of a dot: not a float sum of bytes
+    amax = next(k for k in graph_kernels(g).values() if "reduce_max" in k.name)
+    with pytest.raises(ScheduleError, match="one sum update"):
+        apply(amax, (ByteSums("r"),))
+    with pytest.raises(ScheduleError, match="no loop"):
+        apply(amax, (ByteSums("nowhere"),))
 
 
 def test_unsigned_weights_read_outside_dot_products_are_corrected():

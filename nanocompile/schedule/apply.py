@@ -6,7 +6,8 @@ import dataclasses
 
 from ..loopir.ir import Kernel
 from .blocking import pack
-from .directives import (DotProduct, FetchNextBlock, LaneReduce, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split,
+from .bytesums import byte_sums
+from .directives import (ByteSums, DotProduct, FetchNextBlock, LaneReduce, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split,
                          Unpack, Unroll, UnrollJam, Vectorize)
 from .dot import dot_product
 from .lanes import lane_reduce
@@ -18,7 +19,7 @@ from .vector import check_lanes, vectorize
 
 RULES = {Split: split, Reorder: reorder, Unroll: unroll, UnrollJam: unroll_jam, Vectorize: vectorize, Pack: pack,
          Parallel: parallel, DotProduct: dot_product, LaneReduce: lane_reduce, PrefetchNext: prefetch_next,
-         Unpack: unpack, PairSums: pair_sums, FetchNextBlock: fetch_next_block}
+         Unpack: unpack, PairSums: pair_sums, FetchNextBlock: fetch_next_block, ByteSums: byte_sums}
 
 
 def apply(k: Kernel, schedule) -> Kernel:

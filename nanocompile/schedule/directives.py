@@ -124,6 +124,17 @@ class LaneReduce:
 
 
 @dataclass(frozen=True)
+class ByteSums:
+    """Take the reduction loop `loop`, which adds consecutive int8 values to a float32 sum that
+    starts at 0.0, as one integer sum of the bytes (ir.ByteSum). Every partial sum is an integer
+    float32 holds exactly, so the order changes no value (schedule/bytesums.py)."""
+    loop: str
+
+    def __str__(self) -> str:
+        return f"ByteSums({self.loop})"
+
+
+@dataclass(frozen=True)
 class PrefetchNext:
     """While the row tiles of output loop `rows` read one block of a packed weight (what an
     iteration of output loop `columns` reads over a whole reduction of K steps, n lines of 64 bytes a
