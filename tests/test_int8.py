@@ -102,6 +102,39 @@ def test_quantization_kernels_on_vector_lanes(march, monkeypatch):
     assert np.array_equal(got["out2"][finite], want["out2"][finite])
 
 
+@pytest.mark.parametrize("march", TARGETS)
+def test_block_maxima_read_through_a_heads_layout_run_on_lanes(march, monkeypatch):
+    """Attention's output [heads, seq, 64] quantized by rows in blocks of 32: a block's elements
+    lie at (i * 32 + r) / 64 and % 64 of its head's rows, consecutive for 16 (or 8) lanes since
+    32 and the lanes divide 64. LaneReduce sees it; bitwise, NaN propagating."""
+    from nanocompile.frontend import nn
+    from nanocompile.ir import SEQ
+
+    use_target(march, monkeypatch)
+    lanes = vector_lanes(march)
+
+    def build(b):
+        heads = b.input("x", [3, SEQ, 64])
+        rows = b.reshape(b.permute(heads, [1, 0, 2]), [SEQ, 192])
+        return list(nn.quantize_blocks(b, rows))
+
+    g = make_graph("heads_amax", build)
+    lib = GraphLibrary(g, fuse=True, schedule="default")
+    if lanes:
+        assert f"LaneReduce(r, {lanes})" in lib.source and f"nc_lane_max{lanes}(" in lib.source
+    rng = np.random.default_rng(21)
+    for seq in (1, 5, 16):
+        x = (rng.standard_normal((3, seq, 64)) * 3).astype(np.float32)
+        x[1, 0, 7] = np.nan if seq > 1 else 1e4
+        env = {"seq": seq, "past": 0}
+        want = interpreter.run(g, env, {"x": x}, {})
+        for t in THREADS:
+            got = lib.run(env, {"x": x}, {}, threads=t)
+            for key in want:
+                same = np.isnan(want[key]) & np.isnan(got[key]) if want[key].dtype == np.float32 else False
+                assert np.array_equal(np.where(same, 0, got[key]), np.where(same, 0, want[key])), (key, seq, t)
+
+
 def test_lane_reduce_is_for_max_reductions_only():
     g = projection_graph(64, 32)
     kernels = graph_kernels(g)

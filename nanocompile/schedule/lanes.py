@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..loopir.affine import linear
+from ..loopir.affine import build, linear
 from ..loopir.ir import Acc, AccInit, AccUpdate, Bin, FConst, IConst, Kernel, Lane, LaneMax, Load, Select, Var
-from ..loopir.traverse import contains, find_loop, loads, replace, substitute
+from ..loopir.traverse import contains, find_loop, loads, replace, rewrite, substitute
 from .directives import LaneReduce, ScheduleError
 from .vector import TARGET_LANES, lane_comparison
 
@@ -46,6 +46,7 @@ def lane_reduce(k: Kernel, d: LaneReduce) -> tuple:
         raise ScheduleError(f"{k.name}: loop {d.loop!r} must hold one max update (a sum's order is its value)")
     dtypes = {p.name: p.dtype for p in k.params}
     term = substitute(update.value, {d.loop: Bin("+", Bin("*", Var(d.loop), IConst(d.lanes)), Lane())})
+    term = lanes_inside_blocks(term, d.lanes)
     _check_term(k, term, dtypes)
     partial = f"{update.name}_lanes"
     if isinstance(loop.extent, IConst):
@@ -61,6 +62,26 @@ def lane_reduce(k: Kernel, d: LaneReduce) -> tuple:
         out += (dataclasses.replace(loop, var=rest, extent=tail, body=substitute(
             loop.body, {d.loop: Bin("+", start, Var(rest))})),)
     return replace(k.body, loop, out)
+
+
+def lanes_inside_blocks(e, lanes: int):
+    """e with each (a + lane) / c as a / c and each (a + lane) % c as a % c + lane, where c and
+    every term of a are multiples of the lanes: a is then a multiple of the lanes, so a + lane
+    for lane < lanes stays in a's block of c (indices are never negative). A block's elements
+    read through a layout of 64-element rows ([heads, seq, 64]: (i * 32 + r) / 64 and % 64) are
+    then seen to be consecutive."""
+    def step(n):
+        if not (isinstance(n, Bin) and n.op in ("/", "%") and isinstance(n.b, IConst) and n.b.value % lanes == 0):
+            return None
+        terms, const = linear(n.a)
+        if terms.get(Lane()) != 1 or const % lanes:
+            return None
+        rest = {a: c for a, c in terms.items() if a != Lane()}
+        if any(c % lanes or contains(a, Lane) for a, c in rest.items()):
+            return None
+        base = build(rest, const)
+        return Bin("/", base, n.b) if n.op == "/" else Bin("+", Bin("%", base, n.b), Lane())
+    return rewrite(e, step)
 
 
 def _check_term(k: Kernel, term, dtypes: dict) -> None:
