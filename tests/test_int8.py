@@ -173,6 +173,24 @@ def test_activation_block_sums_are_integer_byte_sums(march, k, blocks, monkeypat
         assert np.array_equal(want["out0"], x.reshape(seq, blocks, -1).sum(-1, dtype=np.int64))  # exact sums
 
 
+def test_the_tuners_points_for_block_sums_start_with_byte_sums():
+    """Every point the tuner measures for a block-sum kernel sums its bytes first, as the recipe
+    does, and vectorized points of other kernels keep their one Vectorize."""
+    from nanocompile.frontend import nn
+    from nanocompile.ir import SEQ
+    from nanocompile.schedule import ByteSums, default_schedule
+    from nanocompile.schedule.recipes import search_space
+
+    g = make_graph("sums_space", lambda b: nn.sub_block_sums(b, b.input("x", [SEQ, 256], "i8"), 8))
+    k = next(iter(graph_kernels(g).values()))
+    points = [s for _, s in search_space(k, 16)]
+    assert points and all(s[0] == ByteSums("r") and s.count(ByteSums("r")) == 1 for s in points)
+    assert default_schedule(k, 16) in points
+    g = make_graph("rows_space", lambda b: list(nn.quantize_blocks(b, b.input("x", [SEQ, 64]))))
+    vectorized = [s for k in graph_kernels(g).values() for _, s in search_space(k, 16) if Vectorize("i1", 16) in s]
+    assert vectorized and all(s.count(Vectorize("i1", 16)) == 1 for s in vectorized)
+
+
 def test_byte_sums_take_int8_sums_only():
     from nanocompile.schedule import ByteSums
 

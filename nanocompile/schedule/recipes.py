@@ -595,7 +595,7 @@ def search_space(k: Kernel, lanes: int, weights=frozenset(), state=frozenset(),
     default_schedule."""
     weights = frozenset(weights)
     original = k
-    head, k = _byte_sums(k)
+    sums, k = _byte_sums(k)  # first in every point, as in the recipe
     cls = kernel_class(k, lanes, weights)
     grid = KNOBS[cls]
     points = []
@@ -654,7 +654,7 @@ def search_space(k: Kernel, lanes: int, weights=frozenset(), state=frozenset(),
                         points.append((knobs, head + unroll + [Parallel(lp.var)]))
     out, seen = [], set()
     for knobs, schedule in points:
-        schedule = tuple(head) + tuple(schedule)
+        schedule = tuple(sums) + tuple(schedule)
         if schedule not in seen and is_legal(original, schedule):
             seen.add(schedule)
             out.append((knobs, schedule))
