@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from helpers import LiveServer, real_prompt_ids
+from bench.probes.serve_load import batch_delta
 from session_wrappers import WrappedSession
 
 from nanocompile import Model
@@ -105,11 +106,20 @@ def test_eight_concurrent_clients_get_their_answers_alone(tiny_chat_model):
     app = create_app(model, parallel=4, api_key=KEY)
     server = LiveServer(app)
     headers = {"Authorization": f"Bearer {KEY}"}
+    before = server.health()
     got = all_at_once(server.url, bodies, headers)
     assert got == want
     health = server.health()
     assert health["slots"] == 4 and health["slots_busy"] == 0
     assert health["requests"] == {"done": len(bodies), "cancelled": 0, "failed": 0, "rejected": 0}
+    # the batcher's counts, as serve_load reads them: several sequences a step, time in and between
+    batch = health["batch"]
+    assert batch["sequences"] > batch["batched_steps"] > 0 and batch["batched_rows"] >= batch["sequences"]
+    assert batch["step_seconds"] > 0 and batch["between_seconds"] >= 0
+    level = batch_delta(before, health)  # what serve_load prints per level
+    assert level["batched_steps"] == batch["batched_steps"] - before["batch"]["batched_steps"]
+    assert level["sequences_per_step"] > 1 and level["ms_per_step"] > 0
+    assert batch_delta({}, {"status": "ok"}) is None  # a server of one slot has no batcher
     server.stop()
 
 
@@ -139,6 +149,7 @@ def test_the_batcher_runs_decoding_steps_together_and_prompts_between(tiny_chat_
     assert s.batched_steps < 4 * 20  # steps of several sequences, not one each
     # the batched steps' times by their rows in all, the table the sequences' drafts are priced by
     assert batcher.sequences[2].step_costs is batcher.costs and max(batcher.costs.fastest) > 32
+    assert s.step_seconds > 0 and s.between_seconds > 0  # four sequences generated between steps
 
 
 def test_drafts_in_a_batch_keep_every_sequence_its_tokens_alone(tiny_chat_model):

@@ -111,6 +111,36 @@ def test_streaming_never_splits_a_character(real_model):
         assert all("\ufffd" not in p for p in pieces), text
 
 
+def test_remembered_token_bytes_are_the_bytes_worked_out(real_model):
+    """token_bytes keeps what it works out (streaming asks it once a token): the second answer is
+    the first, a fresh tokenizer's agrees, and an id outside the vocabulary is refused every time."""
+    from nanocompile.errors import InputError
+
+    tok = real_model.tokenizer
+    ids = [0, 1, 220, 9707, 151643, 151644, tok.vocab_size - 1] + tok.encode("你好 😀 def f(x):")
+    first = [tok.token_bytes(i) for i in ids]
+    assert [tok.token_bytes(i) for i in ids] == first == [tok._token_bytes(i) for i in ids]
+    for _ in range(2):
+        with pytest.raises(InputError, match="outside the vocabulary"):
+            tok.token_bytes(tok.vocab_size + 5)
+
+
+def test_a_template_compiled_once_renders_every_conversation_and_fails_every_time():
+    """The compiled chat template is kept by its text: other messages give other renderings, and
+    a template that raises does so at every render, not only the first."""
+    from nanocompile.errors import ModelError
+    from nanocompile.models.tokenizer import render_template
+
+    template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+    a = render_template(template, [{"role": "user", "content": "one"}], True)
+    b = render_template(template, [{"role": "user", "content": "two"}], True)
+    assert (a, b) == ("[user] one\n", "[user] two\n")
+    failing = "{{ raise_exception('no system role here') }}"
+    for _ in range(2):
+        with pytest.raises(ModelError, match="chat template failed: no system role here"):
+            render_template(failing, [], True)
+
+
 def test_the_cached_tokenizer_is_the_one_built_from_the_file(real_model, monkeypatch):
     """A GGUF file's tokenizer is kept in the cache under its content; the next load reads it back
     without building it from the vocabulary (the builder is not even asked), and it is the same

@@ -18,11 +18,14 @@ import numpy as np
 from bench.support.measure import THREADS
 
 
-def profile(model, prompt, module, precision: str | None = None, threads: int = THREADS, verify: int = 0) -> dict:
+def profile(model, prompt, module, precision: str | None = None, threads: int = THREADS, verify: int = 0,
+            sequences: int = 0) -> dict:
     """Per-kernel times of one prefill and one decode step, from a NANOCOMPILE_PROFILE build.
     precision: the session's (native's module is int8's graph, so module.precision says int8).
     verify: also a step of that many rows after the prompt, every row's logits read (the shape
-    of a speculative verify step, docs/LOOKUP.md), rolled back before the decode step."""
+    of a speculative verify step, docs/LOOKUP.md), rolled back before the decode step.
+    sequences: also a batched step of that many sequences, one row each, every one after the same
+    prompt in a slot of its own (the server's decoding step at that many clients, docs/SERVER.md)."""
     import numpy as np
 
     from nanocompile.codegen.render import render_tree
@@ -47,10 +50,10 @@ def profile(model, prompt, module, precision: str | None = None, threads: int = 
     getattr(lib, p + "profile_ns").argtypes = [ctypes.c_int32]
     getattr(lib, p + "profile_calls").argtypes = [ctypes.c_int32]
 
-    def measure(tokens, all_logits=False):
+    def measure(tokens, all_logits=False, batch=None):
         getattr(lib, p + "profile_reset")()
         t0 = time.perf_counter()
-        logits = s.step(tokens, all_logits=all_logits)
+        logits = s.step(tokens, all_logits=all_logits) if batch is None else s.step_batch(batch)
         wall = time.perf_counter() - t0
         by_kernel = {}
         for i in range(getattr(lib, p + "profile_kernels")()):
@@ -63,7 +66,8 @@ def profile(model, prompt, module, precision: str | None = None, threads: int = 
         top = sorted(by_kernel.items(), key=lambda kv: -kv[1]["ns"])[:8]
         return logits, {"wall_s": wall, "matmul_s": matmul, "other_kernels_s": inside - matmul,
                         "outside_s": wall - inside, "calls": sum(k["calls"] for k in by_kernel.values()),
-                        "top": [{"kernel": n, "ms": k["ns"] / 1e6, "calls": k["calls"]} for n, k in top]}
+                        "top": [{"kernel": n, "ms": k["ns"] / 1e6, "calls": k["calls"]} for n, k in top],
+                        "kernels": {n: k["ns"] / 1e6 for n, k in by_kernel.items()}}
 
     s.step(prompt[:1])  # warm-up: every weight faulted in, the pool started (else a short prompt times the faults)
     s.reset()
@@ -73,9 +77,26 @@ def profile(model, prompt, module, precision: str | None = None, threads: int = 
         past = s.past
         _, phases[f"verify {verify} rows"] = measure(prompt[:verify], all_logits=True)
         s.truncate(past)
-    _, phases["decode"] = measure([int(np.argmax(logits))])
+    token = int(np.argmax(logits))
+    if sequences:
+        past = s.past
+        others = s.sequences(sequences)[1:]
+        for o in others:
+            o.step(prompt)
+        _, phases[f"{sequences} sequences"] = measure(None, batch=[(x, [token], False) for x in [s] + others])
+        s.truncate(past)
+    _, phases["decode"] = measure([token])
     s.close()
     return phases
+
+
+def print_beside(prof: dict, phase: str, top: int) -> None:
+    """The kernels of a phase beside the decode step's: where the extra rows' time goes."""
+    one, many = prof["decode"]["kernels"], prof[phase]["kernels"]
+    print(f"{phase} against one row: {prof[phase]['wall_s'] * 1e3:.1f} ms against {prof['decode']['wall_s'] * 1e3:.1f}")
+    for name in sorted(many, key=lambda n: one.get(n, 0.0) - many[n])[:top]:
+        print(f"    {name:45} {many[name]:8.2f} ms  one row {one.get(name, 0.0):8.2f} ms  "
+              f"extra {many[name] - one.get(name, 0.0):7.2f}")
 
 
 def print_profile(prof: dict, top: int) -> None:
@@ -106,6 +127,8 @@ def main() -> None:
     ap.add_argument("--threads", type=positive_int, default=THREADS)
     ap.add_argument("--verify", type=positive_int, default=None,
                     help="also a step of this many rows with every row's logits (a verify step)")
+    ap.add_argument("--sequences", type=positive_int, default=None,
+                    help="also a batched step of this many sequences, one row each (the server's step)")
     ap.add_argument("-m", "--model", default="default", help="'default', a GGUF file or a Hugging Face directory")
     args = ap.parse_args()
     precision, n = args.precision, args.prompt
@@ -115,8 +138,10 @@ def main() -> None:
     module = s.module
     s.close()
     prompt = [int(t) for t in np.random.default_rng(0).integers(1000, 100000, n)]
-    prof = profile(model, prompt, module, precision, args.threads, args.verify or 0)
+    prof = profile(model, prompt, module, precision, args.threads, args.verify or 0, args.sequences or 0)
     print_profile(prof, 10)
+    if args.sequences:
+        print_beside(prof, f"{args.sequences} sequences", 16)
     append({"bench": "profile", "model": str(model.source), "precision": precision, "prompt": n, "march": module.options.march,
             "chunk": args.chunk, "profile_threads": args.threads, **prof})
 

@@ -93,6 +93,17 @@ def health(base: str) -> dict:
     return httpx.get(base + "/health", timeout=30).json()
 
 
+def batch_delta(before: dict, after: dict) -> dict | None:
+    """The server's batcher over a level (serve --parallel > 1): steps, sequences and rows a step,
+    the time in a step and between steps (the sequences' own work between passes over the weights)."""
+    if not after.get("batch"):
+        return None
+    d = {k: after["batch"][k] - before["batch"][k] for k in after["batch"]}
+    steps = max(d["batched_steps"], 1)
+    return {**d, "sequences_per_step": d["sequences"] / steps, "rows_per_step": d["batched_rows"] / steps,
+            "ms_per_step": 1e3 * d["step_seconds"] / steps, "ms_between_steps": 1e3 * d["between_seconds"] / steps}
+
+
 def check_once(results: list[dict]) -> list[str]:
     """What went wrong with 'answered exactly once', request by request."""
     problems = []
@@ -133,6 +144,7 @@ def run_levels(base: str, levels: list[int], per_client: int, max_tokens: int, t
                 trouble.append(f"the server counted {served} requests and {generated} tokens; the clients sent "
                                f"{len(results)} and received {tokens}")
         problems += trouble
+        batching = batch_delta(before, after) if ours else None
         ttft = [r["ttft"] for r in results if r["ttft"] is not None]
         # each answer's own decode speed, after its first token: what the machine gave it
         speed = [(r["usage"]["completion_tokens"] - 1) / (r["latency"] - r["ttft"]) for r in results
@@ -140,13 +152,17 @@ def run_levels(base: str, levels: list[int], per_client: int, max_tokens: int, t
         row = {"clients": clients, "requests": len(results), "wall_s": wall,
                "requests_per_s": len(results) / wall, "tokens": tokens, "tokens_per_s": tokens / wall,
                "ttft_s": summary(ttft), "latency_s": summary([r["latency"] for r in results]),
-               "decode_tok_s_per_request": summary(speed), "lost_or_twice": len(trouble)}
+               "decode_tok_s_per_request": summary(speed), "lost_or_twice": len(trouble), "batching": batching}
         rows.append(row)
         print(f"{clients:3d} clients: {len(results):3d} requests in {wall:6.1f} s = {row['requests_per_s']:.3f} "
               f"req/s, {row['tokens_per_s']:.1f} tok/s | time to first token median "
               f"{row['ttft_s']['median']:.2f} s (min {row['ttft_s']['min']:.2f}, max {row['ttft_s']['max']:.2f}) "
               f"| decode {row['decode_tok_s_per_request']['median']:.1f} tok/s per answer "
               f"| lost or answered twice: {len(trouble)}", flush=True)
+        if batching:
+            print(f"             {batching['batched_steps']} batched steps, {batching['sequences_per_step']:.2f} "
+                  f"sequences and {batching['rows_per_step']:.2f} rows a step, {batching['ms_per_step']:.1f} ms a step, "
+                  f"{batching['ms_between_steps']:.2f} ms between steps", flush=True)
     return rows, problems
 
 

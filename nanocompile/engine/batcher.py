@@ -48,6 +48,11 @@ class BatchStats:
     batched_rows: int = 0    # their rows
     sequences: int = 0       # the sequences' steps in them
     alone: int = 0           # steps of more rows than a pass takes, run alone
+    step_seconds: float = 0.0     # in the batched steps
+    between_seconds: float = 0.0  # from a batched step's end to the next one's start, while sequences generate
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
 
 
 class Batcher:
@@ -126,6 +131,7 @@ class Batcher:
         return taken
 
     def _loop(self) -> None:
+        ended = None  # when the latest batched step ended, if sequences were generating then
         while True:
             with self._cond:
                 taken = self._take()
@@ -136,7 +142,12 @@ class Batcher:
                     if taken[0][1].batched:
                         t0 = time.perf_counter()
                         rows = self.session.step_batch([(s.session, r.ids, r.all_logits) for s, r in taken])
-                        self.costs.timed(sum(len(r.ids) for _, r in taken), time.perf_counter() - t0)
+                        t1 = time.perf_counter()
+                        self.costs.timed(sum(len(r.ids) for _, r in taken), t1 - t0)
+                        self.stats.step_seconds += t1 - t0
+                        if ended is not None:
+                            self.stats.between_seconds += t0 - ended
+                        ended = t1 if self._generating else None
                         self.stats.batched_steps += 1
                         self.stats.batched_rows += sum(len(r.ids) for _, r in taken)
                         self.stats.sequences += len(taken)
@@ -146,6 +157,7 @@ class Batcher:
                         (s, r), = taken
                         r.result = s.session.step(r.ids, all_logits=r.all_logits)
                         self.stats.alone += 1
+                        ended = None
             except BaseException as e:  # each asker raises it: a bad step fails its requests only
                 for _, r in taken:
                     r.error = e

@@ -68,7 +68,9 @@ def greedy(logits: np.ndarray) -> int:
 
 
 def check_finite(logits: np.ndarray, step: int, what: str) -> np.ndarray:
-    if not np.isfinite(logits).all():
+    # the least and the greatest are finite exactly when every logit is (NaN propagates through
+    # both): two passes without a temporary, where isfinite() writes a 152 KB mask every token
+    if not (np.isfinite(logits.min()) and np.isfinite(logits.max())):
         nan = int(np.isnan(logits).sum())
         inf = int(np.isinf(logits).sum())
         raise NonFiniteLogitsError(f"the logits of step {step} ({what}) are not finite: {nan} NaN and {inf} "

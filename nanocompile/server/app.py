@@ -210,7 +210,10 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
 
     @app.get("/health", responses=responses(schemas.Health))
     async def health() -> dict:
-        return {"status": "ok", "model": model_id, "n_ctx": model.n_ctx, **engine.state()}
+        state = {"status": "ok", "model": model_id, "n_ctx": model.n_ctx, **engine.state()}
+        if batcher is not None:
+            state["batch"] = batcher.stats.as_dict()
+        return state
 
     @app.get("/metrics", response_class=Response,
              responses={200: {"content": {metrics_format.CONTENT_TYPE: {"schema": {"type": "string"}}},

@@ -322,6 +322,16 @@ class RequestCounts(BaseModel):
     rejected: int
 
 
+class BatchCounts(BaseModel):
+    """The batcher's counts since the start (serve --parallel N > 1)."""
+    batched_steps: int     # rounds that ran steps together
+    batched_rows: int      # their rows
+    sequences: int         # the sequences' steps in them
+    alone: int             # steps of more rows than a pass takes, run alone
+    step_seconds: float    # in the batched steps
+    between_seconds: float  # from a batched step's end to the next one's start, while sequences generate
+
+
 class Health(BaseModel):
     status: Literal["ok"]
     model: str
@@ -333,3 +343,4 @@ class Health(BaseModel):
     max_queue: int
     requests: RequestCounts
     tokens_generated: int
+    batch: BatchCounts | None = None
