@@ -60,6 +60,7 @@ class Batcher:
         if not hasattr(session, "step_batch"):
             raise InputError(f"batched decoding needs the compiled backend, not {getattr(session, 'backend_name', '?')}")
         self.session = session
+        self._mark = getattr(session, "mark_first_max", None)
         self.gather = gather
         self.prompt_chunk = max(1, min(prompt_chunk, session.max_chunk))
         self.lock = threading.RLock()  # every library call
@@ -142,6 +143,8 @@ class Batcher:
                     if taken[0][1].batched:
                         t0 = time.perf_counter()
                         rows = self.session.step_batch([(s.session, r.ids, r.all_logits) for s, r in taken])
+                        if self._mark is not None:  # each row's largest logit found on the library's threads
+                            rows = self._mark(rows)
                         t1 = time.perf_counter()
                         self.costs.timed(sum(len(r.ids) for _, r in taken), t1 - t0)
                         self.stats.step_seconds += t1 - t0

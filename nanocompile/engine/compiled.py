@@ -24,6 +24,7 @@ from .library import NC_ERR_ARGUMENT, NC_ERR_CONTEXT, NC_ERR_TOKEN, NC_ERR_WEIGH
 from .open import Opened, open_model, tuned_store
 from .pack import map_weights, open_packed, pack_weights
 from .progress import say
+from .rows import marked
 
 if TYPE_CHECKING:
     from ..codegen.module import Module
@@ -200,6 +201,22 @@ class CompiledSession:
         self._check(self.lib.step_batch(self._handle, len(parts), slot_ids.ctypes.data, row_counts.ctypes.data,
                                         all_rows.ctypes.data, flat.ctypes.data, out.ctypes.data))
         return [o if all_ else o[0] for o, all_ in zip(np.split(out, np.cumsum(kept)[:-1]), every)]
+
+    def mark_first_max(self, rows: list[np.ndarray]) -> list[np.ndarray]:
+        """rows as they are, except each single row of logits (float32 [vocab], contiguous), which
+        comes back as a ScannedRow (engine/rows.py) carrying its first largest value's index, or -1
+        where it is not finite: all of them found in one pass on the library's threads."""
+        single = [i for i, r in enumerate(rows) if r.shape == (self.vocab,) and r.dtype == np.float32
+                  and r.flags.c_contiguous]
+        if not single:
+            return rows
+        pointers = (ctypes.c_void_p * len(single))(*(rows[i].ctypes.data for i in single))
+        found = np.empty(len(single), np.int32)
+        self._check(self.lib.first_max_rows(self._handle, pointers, len(single), found.ctypes.data))
+        out = list(rows)
+        for i, first in zip(single, found.tolist()):
+            out[i] = marked(rows[i], first)
+        return out
 
     @property
     def past(self) -> int:

@@ -35,6 +35,7 @@ SIGNATURES = {
     "slots": (_i32, [_p]),
     "select": (_c_int, [_p, _i32]),
     "step_batch": (_c_int, [_p, _i32, _p, _p, _p, _p, _p]),
+    "first_max_rows": (_c_int, [_p, _p, _i32, _p]),
 }
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import ContextFullError, InputError, NonFiniteLogitsError
 from ..results import Timings
 from .lookup import Lookup, LookupParams
+from .rows import argmax, known_first_max
 from .stops import StopScanner
 
 
@@ -64,10 +65,12 @@ class Piece:
 
 
 def greedy(logits: np.ndarray) -> int:
-    return int(np.argmax(logits))
+    return argmax(logits)
 
 
 def check_finite(logits: np.ndarray, step: int, what: str) -> np.ndarray:
+    if known_first_max(logits) is not None:  # the library found the row finite as the step ended
+        return logits
     # the least and the greatest are finite exactly when every logit is (NaN propagates through
     # both): two passes without a temporary, where isfinite() writes a 152 KB mask every token
     if not (np.isfinite(logits.min()) and np.isfinite(logits.max())):
@@ -178,7 +181,9 @@ def stream(session, prompt_ids: list[int], max_new: int = -1, *, choose=greedy, 
     limit = max_new if max_new >= 0 else float("inf")
     drafting = (Lookup(lookup, session.tokens, getattr(session, "step_costs", None), getattr(session, "rows_beside", None))
                 if lookup is not None else None)
-    rows, drafts = logits[None], []  # rows[i]: the logits after the cache's first start + i tokens
+    # rows[i]: the logits after the cache's first start + i tokens (a step's own row kept as it came,
+    # so the library's mark on it stays: engine/rows.py)
+    rows, drafts = (logits,), []
     start = session.past
     step = 1
     t0 = time.perf_counter()
@@ -216,7 +221,7 @@ def stream(session, prompt_ids: list[int], max_new: int = -1, *, choose=greedy, 
             out = session.step([token] + drafts, all_logits=bool(drafts))
             if drafting is not None:
                 drafting.timed(len(drafts) + 1, time.perf_counter() - s0)
-            rows = out if drafts else out[None]
+            rows = out if drafts else (out,)
             start = session.past - len(drafts)
             result.drafted += len(drafts)
             result.verify_steps += bool(drafts)
