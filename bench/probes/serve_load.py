@@ -2,7 +2,7 @@
 at 1, 4 and 16 concurrent clients, and that every request was answered exactly once.
 
     python -m bench.probes.serve_load [-m default] [--clients 1,4,16] [--per-client 2] [--max-tokens 32]
-                                      [--parallel N] [--peer] [--rounds R]
+                                      [--parallel N] [--peer] [--rounds R] [--serve-args '--lookup']
 
 --parallel N: the server answers N requests at once, their decoding batched (serve --parallel).
 --peer: llama.cpp's llama-server (the binary NANOCOMPILE_LLAMA_SERVER names, docs/SERVER.md) with
@@ -28,6 +28,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -176,6 +177,7 @@ def main(argv=None) -> int:
     ap.add_argument("--peer", action="store_true", help=f"llama-server with the same slots (${LLAMA_SERVER})")
     ap.add_argument("--rounds", type=int, default=1, help="rounds, the engines alternating in each")
     ap.add_argument("--time-limit", type=float, default=1800, help="seconds for each engine's run of the levels")
+    ap.add_argument("--serve-args", default="", help="more flags for our server, as one string ('--lookup')")
     ap.add_argument("--no-append", action="store_true", help="do not append to bench/results.jsonl")
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.clients.split(",")]
@@ -196,7 +198,7 @@ def main(argv=None) -> int:
             print(f"round {r}: {engine}, {args.parallel} slots", flush=True)
             if engine == "nanocompile":
                 server = ServerProcess(args.model, ["-q", "-c", str(ctx), "--queue", str(max(levels) * 2),
-                                                    "--parallel", str(args.parallel)])
+                                                    "--parallel", str(args.parallel), *shlex.split(args.serve_args)])
             else:
                 server = LlamaServerProcess(peer, model_file, args.parallel, ctx)
             try:
@@ -212,7 +214,7 @@ def main(argv=None) -> int:
     if not args.no_append:
         append({"bench": "serve_load", "model": args.model, "machine": machine(), "loadavg_before": load_before,
                 "loadavg_after": os.getloadavg(), "max_tokens": args.max_tokens, "per_client": args.per_client,
-                "n_ctx": ctx, "parallel": args.parallel, "rounds": args.rounds, "levels": runs["nanocompile"][0],
+                "n_ctx": ctx, "parallel": args.parallel, "serve_args": args.serve_args, "rounds": args.rounds, "levels": runs["nanocompile"][0],
                 "runs": runs, "comparison": comparison, "problems": problems,
                 "note": "one model, one KV cache: requests are answered one at a time, in order of arrival"
                 if args.parallel == 1 else f"{args.parallel} slots, decoding steps batched"})
