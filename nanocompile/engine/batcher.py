@@ -66,6 +66,7 @@ class Batcher:
         self.lock = threading.RLock()  # every library call
         self.sequences = [BatchedSequence(self, s) for s in session.sequences(n)]
         self.stats = BatchStats()
+        self.step_log: list | None = None  # a probe's: (rows, rows reaching the head, seconds, sequences) per batched step
         self.costs = StepCosts()  # batched steps' times by their rows in all: the sequences' drafts weigh them
         self._cond = threading.Condition()
         self._waiting: dict[BatchedSequence, _Request] = {}
@@ -154,6 +155,10 @@ class Batcher:
                         self.stats.batched_steps += 1
                         self.stats.batched_rows += sum(len(r.ids) for _, r in taken)
                         self.stats.sequences += len(taken)
+                        if self.step_log is not None:
+                            self.step_log.append((sum(len(r.ids) for _, r in taken),
+                                                  sum(len(r.ids) if r.all_logits else 1 for _, r in taken),
+                                                  t1 - t0, len(taken)))
                         for (_, r), out in zip(taken, rows):
                             r.result = out
                     else:
