@@ -16,7 +16,7 @@ from helpers import real_prompt_ids
 
 from nanocompile.engine import lookup as lookup_module
 from nanocompile.engine.compiled import CompiledSession
-from nanocompile.engine.lookup import DraftLength, LookupParams, NgramIndex, StepCosts
+from nanocompile.engine.lookup import Acceptance, DraftLength, LookupParams, NgramIndex, StepCosts, spend
 from nanocompile.engine.open import open_session
 from nanocompile.engine.sampling import Sampler, SamplingParams
 from nanocompile.engine.stream import stream
@@ -84,27 +84,46 @@ def test_the_draft_length_follows_acceptance_and_cost():
     assert length.choose(16, 1) == 0
 
 
-def test_a_draft_beside_other_sequences_rows_is_priced_in_their_step():
-    """In a batched step (engine/batcher.py) a draft's rows join the others' rows: it is worth them
-    only when the step's tokens in all per second rise, so with many sequences decoding the rows
-    go to one token each."""
+def test_a_step_spends_its_rows_on_the_likeliest_drafted_tokens():
+    """Where several sequences' steps run together (engine/batcher.py) each offers its draft with
+    each token's chance of being kept; the step's rows go to the likeliest drafted tokens while
+    its expected tokens in all per second rise, so one sequence's rows go to its draft and with
+    many sequences decoding they go to one token each."""
     costs = StepCosts()
     for rows in (1, 2, 4, 8, 16, 24):
         costs.timed(rows, 0.020 * (1 + 0.25 * (rows - 1)))  # each extra row a quarter of one
-    assert costs.cost(9, beside=3) == pytest.approx(costs.seconds(12) / costs.seconds(4))
-    assert costs.cost(1, beside=7) == 1.0
-    length = DraftLength(16, costs)
-    for _ in range(20):
-        length.record(3, 8, 4)  # half of each draft kept: about 0.8 a token
-    alone, beside_3, beside_15 = (length.choose(16, 3, beside=(b, b)) for b in (0, 3, 15))
+    costs.timed(4, 1.0)  # slower than the fastest 4-row step seen: not kept
+    assert costs.seconds(4) == pytest.approx(0.020 * 1.75) and costs.seconds(3) == pytest.approx(0.020 * 1.5)
+    assert costs.seconds(12) == pytest.approx(0.020 * (1 + 0.25 * 11))
+    likely = [0.8 ** j for j in range(1, 17)]
+    alone, beside_3, beside_15 = (spend(costs, 1 + b, 1 + b, [likely], 32)[0] for b in (0, 3, 15))
     assert alone > beside_3 > beside_15 == 0
-    for _ in range(20):
-        length.record(3, 8, 8)  # every draft kept: worth its rows beside any number
-    assert length.choose(16, 3, beside=(15, 15)) == 16
-    assert costs.seconds(12) == pytest.approx(0.020 * (1 + 0.25 * 11))  # between the seen counts: the line
+    assert spend(costs, 16, 16, [[1.0] * 8], 32) == [8]  # every draft kept: worth its rows beside any number
+    assert spend(costs, 1, 1, [[1.0] * 16], 8) == [7]  # no more rows than a step takes
+    unlikely = [0.3 ** j for j in range(1, 17)]
+    two = spend(costs, 2, 2, [unlikely, likely], 32)
+    assert two[0] == 0 < two[1] <= alone  # the likelier draft gets the rows, no more of them than alone
+    assert spend(costs, 3, 3, [[], likely[:2]], 32) == [0, 2] and spend(costs, 1, 1, [], 32) == []
     large = StepCosts()
     large.timed(40, 0.200)  # a batch whose steps were all large: fewer rows at the prior's shape
-    assert 0 < large.seconds(1) < large.seconds(2) < large.seconds(40) and large.cost(5, beside=2) > 1.0
+    assert 0 < large.seconds(1) < large.seconds(2) < large.seconds(40) < large.seconds(41) and large.cost(5) > 1.0
+
+
+def test_a_sequence_starts_from_the_batch_acceptance_and_adds_to_it():
+    """A sequence decoding beside others starts from their drafts' acceptance (pooled, per n-gram
+    length) instead of the prior, and what it sees is added to the pool."""
+    pool = Acceptance()
+    for _ in range(20):
+        pool.record(1, 4, 0)  # single-token matches always rejected in the batch so far
+    fresh, beside = DraftLength(16), DraftLength(16, pool=pool)
+    assert fresh.acceptance(1) == pytest.approx(0.25) and fresh.chances(8, 1)[:2] == pytest.approx([0.25, 0.0625])
+    assert beside.acceptance(1) < 0.01 and beside.chances(8, 1) == [] and beside.chances(8, 0) == []
+    assert beside.acceptance(3) == pytest.approx(fresh.acceptance(3))  # lengths the pool has not seen: the prior
+    for _ in range(3):
+        beside.record(1, 2, 2)  # this sequence's own single-token matches are kept
+    assert beside.acceptance(1) > 0.5 and 0.2 < pool.rate(1) < beside.acceptance(1)
+    chances = DraftLength(4).chances(16, 3)
+    assert len(chances) == 4 and all(a > b for a, b in zip(chances, chances[1:]))  # at most draft_max, falling
 
 
 @pytest.mark.parametrize("field, value", [("draft_max", 0), ("ngram_min", -1), ("ngram_max", 1.5),

@@ -18,10 +18,11 @@ from bench.probes.serve_load import batch_delta
 from session_wrappers import WrappedSession
 
 from nanocompile import Model
-from nanocompile.engine.batcher import Batcher
+from nanocompile.engine.batcher import Batcher, _Request
 from nanocompile.engine.compiled import CompiledSession
-from nanocompile.engine.lookup import LookupParams
+from nanocompile.engine.lookup import Acceptance, LookupParams, StepCosts
 from nanocompile.engine.stream import generate, stream
+from nanocompile.errors import InputError
 from nanocompile.server import create_app
 
 pytestmark = pytest.mark.c
@@ -148,16 +149,27 @@ def test_the_batcher_runs_decoding_steps_together_and_prompts_between(tiny_chat_
     assert s.batched_rows > s.sequences > s.batched_steps > 0 and s.alone == 0
     assert s.batched_steps < 4 * 20  # steps of several sequences, not one each
     # the batched steps' times by their rows in all, the table the sequences' drafts are priced by
-    assert batcher.sequences[2].step_costs is batcher.costs and max(batcher.costs.fastest) > 32
+    # the batched steps' times by their rows in all, every row reaching the head (not the prompts')
+    assert batcher.sequences[2].step_costs is batcher.costs and 0 < max(batcher.costs.fastest) <= 4
     assert s.step_seconds > 0 and s.between_seconds > 0  # four sequences generated between steps
 
 
+class EveryRowAStep(StepCosts):
+    """Step costs that say each row costs as much as a step of one, whatever is timed: no draft
+    is worth its rows."""
+
+    def timed(self, rows, seconds):
+        pass
+
+    def seconds(self, rows):
+        return float(rows)
+
+
 def test_drafts_in_a_batch_keep_every_sequence_its_tokens_alone(tiny_chat_model):
-    """Prompt lookup on sequences decoding together (issue 28, point 5): each verify step is one
-    more request of the batch, its draft priced beside the others' rows; the tokens are still the
-    ones each prompt gets alone without drafts."""
-    session = compiled(tiny_chat_model)
-    batcher = Batcher(session, 3)
+    """Prompt lookup on sequences decoding together (issue 28, point 5): each sequence offers its
+    draft to the batched step, which verifies as much of it as it spends rows on; the tokens are
+    still the ones each prompt gets alone without drafts, whether the step spends rows on drafts
+    or gives each offer none."""
     reference = compiled(tiny_chat_model)
     rng = np.random.default_rng(3)
     prompts = [[int(t) for t in np.tile(rng.integers(0, 300, 6 + i), 5)] for i in range(3)]  # repeating: drafts
@@ -165,22 +177,50 @@ def test_drafts_in_a_batch_keep_every_sequence_its_tokens_alone(tiny_chat_model)
     for p in prompts:
         reference.reset()
         want.append(generate(reference, p, 24).tokens)
-    got: list = [None] * 3
-    drafted: list = [0] * 3
-    beside: list = [None] * 3
+    for dear in (False, True):
+        batcher = Batcher(compiled(tiny_chat_model), 3)
+        if dear:
+            batcher.costs = EveryRowAStep()
+        got: list = [None] * 3
+        drafted: list = [0] * 3
 
-    def run(i):
-        seq = batcher.sequences[i]
-        with seq.generating():
-            beside[i] = seq.rows_beside()
-            for piece in stream(seq, prompts[i], 24, lookup=LookupParams()):
-                pass
-            got[i], drafted[i] = piece.result.tokens, piece.result.drafted
+        def run(i):
+            seq = batcher.sequences[i]
+            with seq.generating():
+                for piece in stream(seq, prompts[i], 24, lookup=LookupParams()):
+                    pass
+                got[i], drafted[i] = piece.result.tokens, piece.result.drafted
 
-    in_threads(run, 3, 120)
-    batcher.close()
-    assert got == want
-    assert sum(drafted) > 0 and all(b[1] <= 2 and b[0] >= b[1] for b in beside)
+        in_threads(run, 3, 120)
+        batcher.close()
+        assert got == want
+        assert (sum(drafted) == 0) if dear else (sum(drafted) > 0)
+        pooled = [batcher.acceptance.rate(n) != Acceptance().rate(n) for n in (1, 2, 3)]
+        assert any(pooled) != dear  # the drafts verified were pooled (none where none was)
+
+
+def test_the_batcher_trims_each_offered_draft_to_the_rows_it_spends(tiny_chat_model):
+    """A round's rows go to the likeliest drafted tokens while the step's expected tokens per
+    second rise by the batched steps' costs; a draft given no rows is a plain decoding step (its
+    first token alone, only the last row's logits)."""
+    batcher = Batcher(compiled(tiny_chat_model), 2)
+    try:
+        cheap, dear = StepCosts(), StepCosts()
+        for rows, seconds in ((1, 0.010), (2, 0.0105), (16, 0.040)):
+            cheap.timed(rows, seconds)
+        for rows in (1, 2, 4):
+            dear.timed(rows, 0.010 * rows)  # each row a whole step's cost
+        for costs, kept in ((cheap, 3), (dear, 0)):
+            batcher.costs = costs
+            offer = _Request([5, 6, 7, 8], True, True, [0.9, 0.8, 0.7])
+            plain = _Request([9], False, True)
+            batcher._spend([offer, plain], 2)
+            assert offer.ids == [5, 6, 7, 8][:1 + kept] and offer.all_logits == (kept > 0)
+            assert plain.ids == [9] and not plain.all_logits
+        with pytest.raises(InputError, match="a draft of 2 tokens was offered with 3 chances"):
+            batcher.sequences[0].step([1, 2, 3], all_logits=True, chances=[0.5, 0.2, 0.1])
+    finally:
+        batcher.close()
 
 
 def test_queue_full_and_a_client_that_leaves_frees_its_slot(tiny_chat_model):

@@ -13,6 +13,12 @@ rows to the others' steps, its prompt riding on passes over the weights they mak
 of more rows than one pass takes runs alone. Every sequence gets bitwise the logits its own
 steps would give it (the batched step's guarantee), so every answer is the one it gets alone.
 
+A sequence drafting by prompt lookup (engine/lookup.py) offers its draft with each drafted
+token's chance of being kept; the round decides how many rows each draft gets (lookup.spend: the
+likeliest drafted tokens of all the sequences first, while the step's expected tokens in all per
+second rise), by the costs of the batched steps timed so far. So one client's steps verify long
+drafts and many clients' steps give each sequence one row, whichever the measured costs favour.
+
 Calls into the library (a step, truncate, reading the cache) hold one lock: the library runs one
 call at a time, and its selected slot is part of every call.
 """
@@ -26,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError
-from .lookup import StepCosts
+from .lookup import Acceptance, StepCosts, spend
 
 GATHER_SECONDS = 0.004  # how long a round waits for the generating sequences that have not asked yet
 PROMPT_CHUNK = 32  # prompt tokens a sequence feeds a round
@@ -37,6 +43,7 @@ class _Request:
     ids: list[int]
     all_logits: bool
     batched: bool  # a step of the batch; else one of more rows than a pass takes, run alone
+    chances: list[float] | None = None  # ids[1:] are a draft offered, each token's chance of being kept
     done: threading.Event = field(default_factory=threading.Event)
     result: np.ndarray | None = None
     error: BaseException | None = None
@@ -67,7 +74,8 @@ class Batcher:
         self.sequences = [BatchedSequence(self, s) for s in session.sequences(n)]
         self.stats = BatchStats()
         self.step_log: list | None = None  # a probe's: (rows, rows reaching the head, seconds, sequences) per batched step
-        self.costs = StepCosts()  # batched steps' times by their rows in all: the sequences' drafts weigh them
+        self.costs = StepCosts()  # batched steps' times by their rows in all: the drafts' rows are spent by them
+        self.acceptance = Acceptance()  # the sequences' drafts, pooled: each new one's starts from it
         self._cond = threading.Condition()
         self._waiting: dict[BatchedSequence, _Request] = {}
         self._generating: set[BatchedSequence] = set()
@@ -108,7 +116,9 @@ class Batcher:
     # the scheduler -------------------------------------------------------------------------------
     def _take(self) -> list[tuple["BatchedSequence", _Request]] | None:
         """The next round's requests (called holding _cond): as many of the steps waiting, in
-        order of asking, as one pass takes; or one step of more rows, alone; None when closed."""
+        order of asking, as one pass takes (an offered draft's rows left to spend()), drafts
+        trimmed to what the round spends on them; or one step of more rows, alone; None when
+        closed."""
         while not self._waiting:
             if self._closed:
                 return None
@@ -125,12 +135,25 @@ class Batcher:
         else:
             taken, rows = [], 0
             for s, r in waiting:
-                if r.batched and rows + len(r.ids) <= self.session.max_chunk:
+                own = 1 if r.chances else len(r.ids)
+                if r.batched and rows + own <= self.session.max_chunk:
                     taken.append((s, r))
-                    rows += len(r.ids)
+                    rows += own
+            self._spend([r for _, r in taken], rows)
         for s, _ in taken:
             del self._waiting[s]
         return taken
+
+    def _spend(self, requests: list[_Request], rows: int) -> None:
+        """Trims each offered draft to the rows the step spends on it (a draft given none is a
+        plain decoding step). Tokens: a row reaching the head yields one (a prompt chunk's rows
+        yield none; its last row, the first token, is counted as one)."""
+        offered = [r for r in requests if r.chances]
+        if not offered:
+            return
+        tokens = sum(1 for r in requests if r.chances or r.all_logits or len(r.ids) == 1)
+        for r, k in zip(offered, spend(self.costs, rows, tokens, [r.chances for r in offered], self.session.max_chunk)):
+            r.ids, r.all_logits = r.ids[:1 + k], k > 0
 
     def _loop(self) -> None:
         ended = None  # when the latest batched step ended, if sequences were generating then
@@ -147,7 +170,8 @@ class Batcher:
                         if self._mark is not None:  # each row's largest logit found on the library's threads
                             rows = self._mark(rows)
                         t1 = time.perf_counter()
-                        self.costs.timed(sum(len(r.ids) for _, r in taken), t1 - t0)
+                        if all(r.all_logits or len(r.ids) == 1 for _, r in taken):  # every row reaches the head
+                            self.costs.timed(sum(len(r.ids) for _, r in taken), t1 - t0)
                         self.stats.step_seconds += t1 - t0
                         if ended is not None:
                             self.stats.between_seconds += t0 - ended
@@ -183,7 +207,6 @@ class BatchedSequence:
         # the positions held, kept here: only this sequence's own calls change them, and asking the
         # library would wait for the lock a batched step of the others holds
         self._past = session.past
-        self.last_rows = 1  # the rows of its latest step
 
     def __getattr__(self, name):  # config, n_ctx, vocab, max_chunk, precision, rows_exact, backend_name, ...
         return getattr(self.session, name)
@@ -196,12 +219,17 @@ class BatchedSequence:
         """The most tokens the generation loop feeds a step of a prompt: the batcher's prompt chunk."""
         return self.batcher.prompt_chunk
 
-    def step(self, tokens, all_logits: bool = False) -> np.ndarray:
+    def step(self, tokens, all_logits: bool = False, chances=None) -> np.ndarray:
+        """As a session's step; chances: tokens[1:] are a draft offered, each token's chance of
+        being kept, and the step verifies as many of them as the batcher spends rows on: the
+        logits of those rows (every row's), or the first token's alone where it spends none."""
         ids = [int(t) for t in np.asarray(tokens).reshape(-1)]
         batched = len(ids) <= self.session.max_chunk  # more rows than a pass: the library's chunks, alone
-        self.last_rows = len(ids)
-        out = self.batcher._ask(self, _Request(ids, all_logits, batched))
-        self._past += len(ids)
+        if chances is not None and len(chances) != len(ids) - 1:
+            raise InputError(f"a draft of {len(ids) - 1} tokens was offered with {len(chances)} chances")
+        request = _Request(ids, all_logits, batched, list(chances) if chances and batched else None)
+        out = self.batcher._ask(self, request)
+        self._past += len(request.ids)
         return out
 
     @property
@@ -210,16 +238,14 @@ class BatchedSequence:
 
     @property
     def step_costs(self) -> StepCosts:
-        """The batched steps' times, for prompt-lookup drafts (engine/lookup.py): a draft's rows
-        are priced in the step they join, beside the others' rows."""
+        """The batched steps' times, by which the batcher spends rows on drafts (engine/lookup.py)."""
         return self.batcher.costs
 
-    def rows_beside(self) -> tuple[int, int]:
-        """The rows the other generating sequences add to a step (as many as each asked for last)
-        and the tokens they yield (about one each)."""
-        with self.batcher._cond:
-            others = self.batcher._generating - {self}
-        return sum(s.last_rows for s in others), len(others)
+    @property
+    def draft_pool(self) -> Acceptance:
+        """The acceptance of every sequence's drafts: a prompt-lookup generation on this sequence
+        starts from it, adds to it, and offers its drafts for the batcher to spend rows on."""
+        return self.batcher.acceptance
 
     @property
     def tokens(self) -> list[int]:

@@ -15,18 +15,22 @@ model's distribution (for a draft that puts all its mass on one token).
 How many tokens to draft: a verify step of k drafted tokens yields 1 + (tokens accepted) and
 costs what a step of k + 1 rows costs. DraftLength estimates the acceptance of each drafted
 token (per length of the n-gram that matched, decaying, so a region that stops repeating is
-noticed within a few steps) and each row count's cost (the fastest step seen with that many
-rows; a count not yet seen at the cheapest cost per extra row seen; a prior before any),
-and drafts the k that maximises expected tokens per second; zero where nothing matches or a
-draft is not worth its cost. Where several sequences' steps run together (engine/batcher.py),
-the costs are the batched steps' (by their rows in all) and a draft is priced beside the others'
-rows: it is drafted when the step's tokens in all per second rise, so at one client the rows go to
-drafts and with many they go to one token for each sequence.
+noticed within a few steps) and StepCosts each row count's cost (the fastest step seen with that
+many rows, every row reaching the head; between counts seen, the line; past them, the cheapest
+cost per extra row seen; a prior before any). spend() picks the drafted rows that maximise
+expected tokens per second; zero where nothing matches or no draft is worth its cost.
+
+Where several sequences' steps run together (engine/batcher.py) the decision is the step's, not a
+sequence's: each sequence offers its draft with each token's chance of being kept, and the
+batcher spends rows on the likeliest drafted tokens of all of them while the step's expected
+tokens in all per second rise, so at one client the rows go to drafts and with many they go to
+one token for each sequence. A sequence's acceptance starts from the batch's (pooled per n-gram
+length) rather than the prior, so a server whose answers do not repeat their prompts stops
+offering drafts to each newcomer that would take its own many steps to learn it.
 """
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import InputError
@@ -36,6 +40,7 @@ PRIOR_ROW_COST = 0.15
 # prior acceptance, as (accepted, rejected) counts, for a match of 1, 2 and 3 or more tokens
 PRIOR_COUNTS = {1: (1.0, 3.0), 2: (1.0, 2.0), 3: (1.5, 1.0)}
 DECAY = 0.85  # each verify step's weight against the earlier ones
+OFFER_FLOOR = 0.01  # a drafted token less likely to be kept than this is not offered: it never pays its row
 
 
 @dataclass(frozen=True)
@@ -95,9 +100,10 @@ class NgramIndex:
 
 
 class StepCosts:
-    """The fastest step seen per number of rows: a generation's own, or, where several
-    generations' steps run together (engine/batcher.py), one table for all of them, timed by the
-    batcher with each step's rows in all."""
+    """The fastest step seen per number of rows, each row reaching the head (a prompt chunk's rows
+    do not, and would make rows look cheaper than a draft's): a generation's own, or, where
+    several generations' steps run together (engine/batcher.py), one table for all of them, timed
+    by the batcher with each step's rows in all."""
 
     def __init__(self):
         self.fastest: dict[int, float] = {}  # rows -> seconds
@@ -107,66 +113,118 @@ class StepCosts:
             self.fastest[rows] = seconds
 
     def seconds(self, rows: int) -> float:
-        """A step of rows: as seen; a row count not yet seen from the fewest rows seen at the
-        cheapest cost per extra row seen since (so a CPU whose extra rows cost more than the prior
-        says is not made to try every draft length to find out, and one where larger steps are
-        cheaper per row than small ones still tries them); the prior where too little is seen."""
+        """A step of rows: as seen; between two counts seen, on the line between them; past the
+        largest, at the cheapest cost per extra row seen (so a CPU whose extra rows cost more than
+        the prior says is not made to try every draft length to find out, and one where larger
+        steps are cheaper per row than small ones still tries them); the prior where too little
+        is seen."""
         if rows in self.fastest:
             return self.fastest[rows]
         if not self.fastest:
             return 1.0 + PRIOR_ROW_COST * (rows - 1)
-        least = min(self.fastest)
+        seen = sorted(self.fastest)
+        least, most = seen[0], seen[-1]
         if rows < least:  # fewer rows than any step seen (a batch's steps may all be large): the prior's shape
             return self.fastest[least] * (1.0 + PRIOR_ROW_COST * (rows - 1)) / (1.0 + PRIOR_ROW_COST * (least - 1))
-        more = [r for r in self.fastest if r > least]
-        per_row = (min(max(self.fastest[r] - self.fastest[least], 0.0) / (r - least) for r in more) if more
+        if rows < most:
+            below = max(r for r in seen if r < rows)
+            above = min(r for r in seen if r > rows)
+            t0, t1 = self.fastest[below], self.fastest[above]
+            return t0 + (t1 - t0) * (rows - below) / (above - below)
+        per_row = (min(max(self.fastest[r] - self.fastest[least], 0.0) / (r - least) for r in seen[1:]) if most > least
                    else PRIOR_ROW_COST * self.fastest[least])
-        return self.fastest[least] + per_row * (rows - least)
+        return self.fastest[most] + per_row * (rows - most)
 
-    def cost(self, rows: int, beside: int = 0) -> float:
-        """A step of rows beside `beside` rows of other sequences, against one row beside them."""
+    def cost(self, rows: int) -> float:
+        """A step of rows against a step of one."""
         if rows <= 1:
             return 1.0
-        return max(self.seconds(beside + rows) / self.seconds(beside + 1), 1.0)
+        return max(self.seconds(rows) / self.seconds(1), 1.0)
 
 
-class DraftLength:
-    """Chooses how many tokens to draft from the acceptance seen so far and the step costs."""
+def spend(costs: StepCosts, rows: int, tokens: float, offers: list[list[float]], max_rows: int) -> list[int]:
+    """How many of each offer's drafted tokens one step verifies. rows, tokens: the step's rows
+    without any draft and the tokens they yield (each verifying sequence's own row counts: one
+    row, one token); offers: per verifying sequence, each drafted token's chance of being kept
+    (cumulative, so not increasing along a draft); max_rows: the most one step takes. Rows go to
+    the likeliest drafted tokens first, and the number of them is the one that maximises the
+    step's expected tokens per second."""
+    order = sorted(((p, i) for i, chances in enumerate(offers) for p in chances), key=lambda o: -o[0])
+    best, best_rate, expected = 0, tokens / costs.seconds(rows), float(tokens)
+    for extra, (p, _) in enumerate(order, 1):
+        if rows + extra > max_rows:
+            break
+        expected += p
+        rate = expected / costs.seconds(rows + extra)
+        if rate > best_rate:
+            best, best_rate = extra, rate
+    taken = [0] * len(offers)
+    for _, i in order[:best]:
+        taken[i] += 1
+    return taken
 
-    def __init__(self, draft_max: int, costs: StepCosts | None = None):
-        self.draft_max = draft_max
+
+class Acceptance:
+    """How often a drafted token is kept, per length of the n-gram that matched (1, 2, 3 or
+    more): decayed counts of kept and rejected verify steps, from the prior or from another's."""
+
+    def __init__(self, start: "Acceptance | None" = None):
         self.counts = {n: list(c) for n, c in PRIOR_COUNTS.items()}
-        self.costs = costs if costs is not None else StepCosts()
+        if start is not None:  # start's rates at the prior's weight: a few of its own steps outweigh them
+            for n, (accepted, rejected) in start.counts.items():
+                weight = sum(PRIOR_COUNTS[n])
+                self.counts[n] = [weight * accepted / (accepted + rejected), weight * rejected / (accepted + rejected)]
 
-    def acceptance(self, ngram: int) -> float:
+    def rate(self, ngram: int) -> float:
         accepted, rejected = self.counts[min(ngram, 3)]
         return accepted / (accepted + rejected)
-
-    def cost(self, rows: int, beside: int = 0) -> float:
-        return self.costs.cost(rows, beside)
-
-    def choose(self, available: int, ngram: int, beside: tuple[int, int] = (0, 0)) -> int:
-        """Of the available drafted tokens, how many to verify (0: a plain step). beside: the
-        rows other sequences add to the same step and the tokens they yield (one a sequence): a
-        draft is worth its rows when the step's tokens in all per second rise, so where many
-        sequences decode together the rows go to one token each rather than to one sequence's
-        drafts."""
-        if ngram == 0 or available == 0:
-            return 0
-        rows, tokens = beside
-        alpha = self.acceptance(ngram)
-        best, best_rate, expected = 0, tokens + 1.0, 1.0
-        for k in range(1, min(available, self.draft_max) + 1):
-            expected += alpha ** k  # tokens a step of k drafted yields on average
-            rate = (tokens + expected) / self.cost(k + 1, rows)
-            if rate > best_rate:
-                best, best_rate = k, rate
-        return best
 
     def record(self, ngram: int, drafted: int, accepted: int) -> None:
         counts = self.counts[min(ngram, 3)]
         counts[0] = counts[0] * DECAY + accepted
         counts[1] = counts[1] * DECAY + (1 if accepted < drafted else 0)
+
+
+class DraftLength:
+    """Chooses how many tokens to draft from the acceptance seen so far and the step costs."""
+
+    def __init__(self, draft_max: int, costs: StepCosts | None = None, pool: Acceptance | None = None):
+        """pool: the acceptance of the sequences decoding beside this one: this one's starts from
+        it, and what this one sees is added to it."""
+        self.draft_max = draft_max
+        self.pool = pool
+        self.own = Acceptance(pool)
+        self.costs = costs if costs is not None else StepCosts()
+
+    def acceptance(self, ngram: int) -> float:
+        return self.own.rate(ngram)
+
+    def cost(self, rows: int) -> float:
+        return self.costs.cost(rows)
+
+    def chances(self, available: int, ngram: int) -> list[float]:
+        """Each of the first available drafted tokens' chance of being kept (the drafts before it
+        kept too), down to OFFER_FLOOR."""
+        chances: list[float] = []
+        if ngram == 0:
+            return chances
+        alpha, p = self.acceptance(ngram), 1.0
+        for _ in range(min(available, self.draft_max)):
+            p *= alpha
+            if p < OFFER_FLOOR:
+                break
+            chances.append(p)
+        return chances
+
+    def choose(self, available: int, ngram: int) -> int:
+        """Of the available drafted tokens, how many to verify in a step of this generation's
+        own (0: a plain step)."""
+        return spend(self.costs, 1, 1, [self.chances(available, ngram)], 1 + self.draft_max)[0]
+
+    def record(self, ngram: int, drafted: int, accepted: int) -> None:
+        self.own.record(ngram, drafted, accepted)
+        if self.pool is not None:
+            self.pool.record(ngram, drafted, accepted)
 
     def timed(self, rows: int, seconds: float) -> None:
         self.costs.timed(rows, seconds)
@@ -175,18 +233,16 @@ class DraftLength:
 class Lookup:
     """One generation's drafting: the index over its context and the draft length's estimates."""
 
-    def __init__(self, params: LookupParams, context, costs: StepCosts | None = None,
-                 beside: Callable[[], tuple[int, int]] | None = None):
+    def __init__(self, params: LookupParams, context, costs: StepCosts | None = None, pool: Acceptance | None = None):
         """costs: a table shared with the steps run beside this generation's (they time it); else
-        this generation's own, timed by timed(). beside: the rows the others add to a step and
-        the tokens they yield."""
+        this generation's own, timed by timed(). pool: the acceptance of the sequences decoding
+        beside this one (engine/batcher.py), which then decides each step's drafted rows: offer()."""
         self.params = params
         self.shared_costs = costs is not None
-        self.beside = beside or (lambda: (0, 0))
         t0 = time.perf_counter()
         self.index = NgramIndex(context, params.ngram_min, params.ngram_max)
         self.seconds = time.perf_counter() - t0  # spent indexing and drafting: reported, to show it is small
-        self.length = DraftLength(params.draft_max, costs)
+        self.length = DraftLength(params.draft_max, costs, pool)
         self.ngram = 0  # the length of the match the pending draft came from
 
     def chosen(self, token: int) -> None:
@@ -194,15 +250,26 @@ class Lookup:
         self.index.append(token)
         self.seconds += time.perf_counter() - t0
 
+    def _match(self, room: int) -> list[int]:
+        tokens, self.ngram = self.index.draft(min(room, self.params.draft_max)) if room > 0 else ([], 0)
+        return tokens
+
     def draft(self, room: int) -> list[int]:
-        """The tokens to verify with the next step, at most room."""
-        if room <= 0:
-            return []
+        """The tokens to verify with the next step of this generation's own, at most room."""
         t0 = time.perf_counter()
-        tokens, self.ngram = self.index.draft(min(room, self.params.draft_max))
-        tokens = tokens[:self.length.choose(len(tokens), self.ngram, self.beside())]
+        tokens = self._match(room)
+        tokens = tokens[:self.length.choose(len(tokens), self.ngram)]
         self.seconds += time.perf_counter() - t0
         return tokens
+
+    def offer(self, room: int) -> tuple[list[int], list[float]]:
+        """The tokens the next step may verify, at most room, and each one's chance of being kept:
+        for a step whose rows are decided with other sequences' (spend())."""
+        t0 = time.perf_counter()
+        tokens = self._match(room)
+        chances = self.length.chances(len(tokens), self.ngram)
+        self.seconds += time.perf_counter() - t0
+        return tokens[:len(chances)], chances
 
     def timed(self, rows: int, seconds: float) -> None:
         """A step of rows of this generation's took seconds (kept unless the costs are shared)."""

@@ -177,8 +177,10 @@ def stream(session, prompt_ids: list[int], max_new: int = -1, *, choose=greedy, 
         yield Piece("", [], result)
         return
     limit = max_new if max_new >= 0 else float("inf")
-    drafting = (Lookup(lookup, session.tokens, getattr(session, "step_costs", None), getattr(session, "rows_beside", None))
+    drafting = (Lookup(lookup, session.tokens, getattr(session, "step_costs", None), getattr(session, "draft_pool", None))
                 if lookup is not None else None)
+    # a sequence of a batch offers its draft and the batcher decides how much of it the step verifies
+    offering = drafting is not None and drafting.length.pool is not None
     # rows[i]: the logits after the cache's first start + i tokens (a step's own row kept as it came,
     # so the library's mark on it stays: engine/rows.py)
     rows, drafts = (logits,), []
@@ -211,12 +213,16 @@ def stream(session, prompt_ids: list[int], max_new: int = -1, *, choose=greedy, 
                 session.truncate(start + i)
             if result.stop_reason:
                 break
-            drafts = []
+            drafts, chances = [], []
             if drafting is not None:  # room: the context, the tokens still wanted, one pass's rows
-                room = min(session.n_ctx - session.past, limit - len(result.tokens), session.max_chunk) - 1
-                drafts = drafting.draft(int(room))
+                room = int(min(session.n_ctx - session.past, limit - len(result.tokens), session.max_chunk) - 1)
+                drafts, chances = drafting.offer(room) if offering else (drafting.draft(room), [])
             s0 = time.perf_counter()
-            out = session.step([token] + drafts, all_logits=bool(drafts))
+            if chances:  # the rows of as many drafted tokens as the step spent on them
+                out = session.step([token] + drafts, all_logits=True, chances=chances)
+                drafts = drafts[:len(out) - 1] if out.ndim == 2 else []
+            else:
+                out = session.step([token] + drafts, all_logits=bool(drafts))
             if drafting is not None:
                 drafting.timed(len(drafts) + 1, time.perf_counter() - s0)
             rows = out if drafts else (out,)
