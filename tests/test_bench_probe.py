@@ -29,15 +29,17 @@ AMX_LEVELS = {"avx2": ["-march=x86-64-v3"], "avx512+vnni": ["-march=x86-64-v4", 
               "avx512+vnni+amx": ["-march=x86-64-v4", "-mavx512vnni", "-mamx-tile", "-mamx-int8"]}
 
 
+@pytest.mark.parametrize("source", ["amx.c", "amx_superblock.c"])
 @pytest.mark.parametrize("level", sorted(AMX_LEVELS))
-def test_amx_probe_builds_without_warnings(level, tmp_path):
-    """bench/probes/amx.c builds at AVX2 (where it only says it needs AVX-512 VNNI), at AVX-512 VNNI
-    without AMX (the VNNI form alone) and with it."""
+def test_amx_probe_builds_without_warnings(level, source, tmp_path):
+    """bench/probes/amx.c and amx_superblock.c build at AVX2 (where they only say they need AVX-512
+    VNNI), at AVX-512 VNNI without AMX (the VNNI form alone) and with it."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler on this machine")
-    r = subprocess.run([cc, "-O2", "-Wall", "-Werror", "-ffp-contract=off", "-pthread", *AMX_LEVELS[level],
-                        str(AMX_PROBE), "-o", str(tmp_path / "amx")], capture_output=True, text=True)
+    flags = AMX_LEVELS[level] + (["-mavx512vbmi"] if "amx" in level else [])
+    r = subprocess.run([cc, "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-pthread", *flags,
+                        str(PROBE.with_name(source)), "-o", str(tmp_path / "amx")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
 
@@ -60,6 +62,27 @@ def test_amx_products_equal_the_vnni_form_bit_for_bit():
                 pytest.skip(r["amx"])
             assert r["amx_equal_vnni"] is True, r
             assert r["vnni_gmac_s"] > 0 and r["amx_rows_gmac_s"] > 0, r
+
+
+def test_amx_superblock_products_equal_the_interpreters_definition_bit_for_bit():
+    """Where the CPU has AMX-INT8 and AVX-512 VNNI: a Q4_K and a Q6_K product over 96 rows, with
+    the sub-scales moved into the weights (split in two int8 halves) and the mins a third tile
+    product, give the float sums of the interpreter's superblock_matmul bit for bit, as the VNNI
+    form does, at one thread and two."""
+    from bench.probes.amx import measure_superblock
+
+    from nanocompile.target import cpu_flags
+
+    lacking = {"avx512_vnni", "avx512vbmi", "amx_int8", "amx_tile"} - cpu_flags()
+    if lacking:
+        pytest.skip(f"this CPU lacks {', '.join(sorted(lacking))}")
+    for fmt in ("Q4_K", "Q6_K"):
+        for threads in (1, 2):
+            r = measure_superblock(threads, 1, fmt)
+            if "amx" in r:  # the kernel refused tile data
+                pytest.skip(r["amx"])
+            assert r["format"] == fmt and r["vnni_equal_reference"] is True and r["amx_equal_reference"] is True, r
+            assert r["vnni_gmac_s"] > 0 and r["amx_gmac_s"] > 0, r
 
 
 def test_amx_probe_refuses_a_thread_count_it_cannot_run(tmp_path):
