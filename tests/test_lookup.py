@@ -104,6 +104,10 @@ def test_a_step_spends_its_rows_on_the_likeliest_drafted_tokens():
     two = spend(costs, 2, 2, [unlikely, likely], 32)
     assert two[0] == 0 < two[1] <= alone  # the likelier draft gets the rows, no more of them than alone
     assert spend(costs, 3, 3, [[], likely[:2]], 32) == [0, 2] and spend(costs, 1, 1, [], 32) == []
+    coarse = StepCosts()
+    for rows in (1, 2):
+        coarse.timed(rows, 0.0)  # a clock too coarse to time a step: no division by zero
+    assert spend(coarse, 1, 1, [[0.9]], 8) in ([0], [1])
     large = StepCosts()
     large.timed(40, 0.200)  # a batch whose steps were all large: fewer rows at the prior's shape
     assert 0 < large.seconds(1) < large.seconds(2) < large.seconds(40) < large.seconds(41) and large.cost(5) > 1.0

@@ -149,13 +149,16 @@ def spend(costs: StepCosts, rows: int, tokens: float, offers: list[list[float]],
     (cumulative, so not increasing along a draft); max_rows: the most one step takes. Rows go to
     the likeliest drafted tokens first, and the number of them is the one that maximises the
     step's expected tokens per second."""
+    def seconds(n: int) -> float:
+        return max(costs.seconds(n), 1e-9)  # a clock too coarse for a step must not divide by zero
+
     order = sorted(((p, i) for i, chances in enumerate(offers) for p in chances), key=lambda o: -o[0])
-    best, best_rate, expected = 0, tokens / costs.seconds(rows), float(tokens)
+    best, best_rate, expected = 0, tokens / seconds(rows), float(tokens)
     for extra, (p, _) in enumerate(order, 1):
         if rows + extra > max_rows:
             break
         expected += p
-        rate = expected / costs.seconds(rows + extra)
+        rate = expected / seconds(rows + extra)
         if rate > best_rate:
             best, best_rate = extra, rate
     taken = [0] * len(offers)
