@@ -223,6 +223,22 @@ def test_the_batcher_trims_each_offered_draft_to_the_rows_it_spends(tiny_chat_mo
         batcher.close()
 
 
+def test_lookup_in_the_batched_server_keeps_every_answer_alone(tiny_chat_model):
+    """`serve --parallel 4 --lookup`: six clients at once with prompts that repeat, greedy and
+    seeded sampling, streamed or not: each answer equals the same request sent alone to a server
+    of one slot without lookup (issue 28, point 5; that the batched steps verify drafts and trim
+    them is shown on the batcher itself, above)."""
+    bodies = [{"prompt": " ".join(["alpha beta gamma delta"] * (3 + i)) + f" {i}", "max_tokens": 10 + 8 * i,
+               "temperature": 0 if i % 2 else 0.9, "seed": 300 + i, "stream": i % 3 == 0} for i in range(6)]
+    alone = LiveServer(create_app(Model.from_session(tiny_chat_model, compiled(tiny_chat_model))))
+    want = [ask(alone.url, body) for body in bodies]
+    alone.stop()
+    model = Model.from_session(tiny_chat_model, compiled(tiny_chat_model), lookup=True)
+    server = LiveServer(create_app(model, parallel=4))
+    assert model.lookup and all_at_once(server.url, bodies) == want
+    server.stop()
+
+
 def test_queue_full_and_a_client_that_leaves_frees_its_slot(tiny_chat_model):
     """Two slots, one place in the queue: two long answers run, a third waits, a fourth is a 503;
     a running client that hangs up frees its slot for the one waiting; a prompt past the context
