@@ -14,16 +14,18 @@
  *   amx:   the sub-scales moved into the weights, so that one tile product spans a whole
  *          super-block: w' = sc * q (0..945 for Q4_K) is split w' = 32 * hi + lo (hi, lo < 32, both
  *          int8), and the mins become a third product with the weights mn[n, s(k)]; per column
- *          block and super-block the three B operands are built once (from the 4-bit quants, in
- *          L1) and used by every 16-row tile: A = x + 128 (unsigned), C_hi, C_lo, C_min over the
- *          super-block's four 64-deep steps; then I = 32 C_hi + C_lo - 128 sum(w'),
- *          M = C_min - 128 * 32 * sum(mn), and the same float step
+ *          block and super-block the B operands are built once (from the 4-bit quants, in L1) and
+ *          used by every 16-row tile: A = the int8 activations as they are (TDPBSSD, signed times
+ *          signed), C_hi, C_lo, C_min over the super-block's four 64-deep steps; then
+ *          I = 32 C_hi + C_lo, M = C_min, and the same float step. Q6_K (16 sub-blocks of 16,
+ *          signed sub-scales, q - 32): w' = 64 * hi + lo, two products, no mins
  *
  * Both forms' outputs are checked against a scalar reference (the same integers, the same float
  * operations in the same order: equal bit for bit). Prints one JSON object.
- * Usage: amx_superblock THREADS [ROUNDS] (the forms alternate; medians, minima, maxima). Built with -march=native on a CPU with AMX-INT8 and a kernel
- * that grants tile data (arch_prctl ARCH_REQ_XCOMP_PERM); else it measures vnni alone and says
- * why. bench/probes/amx.py builds and runs it (--superblock).
+ * Usage: amx_superblock THREADS [ROUNDS] [Q4_K|Q6_K] (the forms alternate; medians, minima and
+ * maxima). Built with -march=native on a CPU with AMX-INT8 and a kernel that grants tile data
+ * (arch_prctl ARCH_REQ_XCOMP_PERM); else it measures vnni alone and says why.
+ * bench/probes/amx.py builds and runs it (--superblock).
  */
 #define _GNU_SOURCE
 #include <immintrin.h>
@@ -62,7 +64,6 @@ struct data {
     float *d, *dmin;     /* [N][SUPERS] */
     float *d16, *dmin16; /* [CBS][SUPERS][16] */
     int8_t *x;           /* [M][K] */
-    uint8_t *xplus;      /* [M][K]: x + 128 */
     int32_t *xs;         /* [M][SUBS] */
     float *xd;           /* [M][SUPERS] */
     float *out;          /* [M][N] */
@@ -103,7 +104,7 @@ static struct data make_data(unsigned seed)
     a.sc32 = alloc(sizeof(int32_t) * N * SUBS), a.mn32 = alloc(sizeof(int32_t) * N * SUBS);
     a.d = alloc(sizeof(float) * N * SUPERS), a.dmin = alloc(sizeof(float) * N * SUPERS);
     a.d16 = alloc(sizeof(float) * N * SUPERS), a.dmin16 = alloc(sizeof(float) * N * SUPERS);
-    a.x = alloc((size_t)M * K), a.xplus = alloc((size_t)M * K);
+    a.x = alloc((size_t)M * K);
     a.xs = alloc(sizeof(int32_t) * M * SUBS), a.xd = alloc(sizeof(float) * M * SUPERS);
     a.out = alloc(sizeof(float) * M * N);
     for (int n = 0; n < N; ++n) {
@@ -135,7 +136,6 @@ static struct data make_data(unsigned seed)
         for (int k = 0; k < K; ++k) {
             int8_t v = (int8_t)(rand_r(&seed) % 255 - 127);
             a.x[(size_t)m * K + k] = v;
-            a.xplus[(size_t)m * K + k] = (uint8_t)(v + 128);
             a.xs[m * SUBS + k / 32] += v;
         }
         for (int b = 0; b < SUPERS; ++b)
@@ -337,10 +337,9 @@ static void configure(void)
 
 /* one super-block of one column block as B tiles: hi and lo of sc * q, the mins per k; and the
  * corrections 128 * sum(w') and 128 * 32 * sum(mn) per column */
-static void expand(const struct data *a, int cb, int b, uint8_t *bhi, uint8_t *blo, uint8_t *bmin,
-                   __m512i *wfix, __m512i *mfix)
+static void expand(const struct data *a, int cb, int b, uint8_t *bhi, uint8_t *blo, uint8_t *bmin)
 {
-    const __m512i low4 = _mm512_set1_epi8(0x0F), low5 = _mm512_set1_epi16(31), ones = _mm512_set1_epi16(1);
+    const __m512i low4 = _mm512_set1_epi8(0x0F), low5 = _mm512_set1_epi16(31);
     /* each int16 lane's column (its byte / 4) in the low and high 32 bytes of a row */
     const __m512i col_lo = _mm512_set_epi16(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4,
                                             3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
@@ -349,12 +348,10 @@ static void expand(const struct data *a, int cb, int b, uint8_t *bhi, uint8_t *b
         15, 15, 15, 15, 14, 14, 14, 14, 13, 13, 13, 13, 12, 12, 12, 12, 11, 11, 11, 11, 10, 10, 10, 10,
         9, 9, 9, 9, 8, 8, 8, 8, 7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4,
         3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    __m512i wacc_lo = _mm512_setzero_si512(), wacc_hi = _mm512_setzero_si512(), macc = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
         int s = b * 8 + j;
         __m512i sc = _mm512_load_si512(a->sc32 + ((size_t)cb * SUBS + s) * 16);
         __m512i mn = _mm512_load_si512(a->mn32 + ((size_t)cb * SUBS + s) * 16);
-        macc = _mm512_add_epi32(macc, mn);
         __m512i sc16 = _mm512_castsi256_si512(_mm512_cvtepi32_epi16(sc));
         __m512i sc_lo = _mm512_permutexvar_epi16(col_lo, sc16), sc_hi = _mm512_permutexvar_epi16(col_hi, sc16);
         __m512i mn_row = _mm512_permutexvar_epi8(col_bytes, _mm512_castsi128_si512(_mm512_cvtepi32_epi8(mn)));
@@ -365,8 +362,6 @@ static void expand(const struct data *a, int cb, int b, uint8_t *bhi, uint8_t *b
                 int i = 8 * j + 2 * p + h;
                 __m512i w_lo = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(rows[h])), sc_lo);
                 __m512i w_hi = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(rows[h], 1)), sc_hi);
-                wacc_lo = _mm512_add_epi32(wacc_lo, _mm512_madd_epi16(w_lo, ones));
-                wacc_hi = _mm512_add_epi32(wacc_hi, _mm512_madd_epi16(w_hi, ones));
                 __m512i hi = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16(w_lo, 5))),
                                                 _mm512_cvtepi16_epi8(_mm512_srli_epi16(w_hi, 5)), 1);
                 __m512i lo = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_and_si512(w_lo, low5))),
@@ -377,12 +372,6 @@ static void expand(const struct data *a, int cb, int b, uint8_t *bhi, uint8_t *b
             }
         }
     }
-    /* lanes 2c, 2c+1 of wacc_lo hold column c's halves (c < 8), of wacc_hi column 8 + c's */
-    __m512i pair_lo = _mm512_add_epi32(wacc_lo, _mm512_shuffle_epi32(wacc_lo, _MM_PERM_CDAB));
-    __m512i pair_hi = _mm512_add_epi32(wacc_hi, _mm512_shuffle_epi32(wacc_hi, _MM_PERM_CDAB));
-    const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    *wfix = _mm512_slli_epi32(_mm512_permutex2var_epi32(pair_lo, evens, pair_hi), 7);
-    *mfix = _mm512_slli_epi32(macc, 12);
 }
 
 static void amx_pass(struct data *a)
@@ -394,8 +383,7 @@ static void amx_pass(struct data *a)
     memset(a->out, 0, sizeof(float) * M * N);
     for (int cb = 0; cb < CBS; ++cb)
         for (int b = 0; b < SUPERS; ++b) {
-            __m512i wfix, mfix;
-            expand(a, cb, b, bhi, blo, bmin, &wfix, &mfix);
+            expand(a, cb, b, bhi, blo, bmin);
             __m512 d = _mm512_load_ps(a->d16 + ((size_t)cb * SUPERS + b) * 16);
             __m512 dmin = _mm512_load_ps(a->dmin16 + ((size_t)cb * SUPERS + b) * 16);
             for (int r0 = 0; r0 < M; r0 += 16) {
@@ -403,21 +391,21 @@ static void amx_pass(struct data *a)
                 _tile_zero(1);
                 _tile_zero(2);
                 for (int kt = 0; kt < 4; ++kt) {
-                    _tile_loadd(3, a->xplus + (size_t)r0 * K + b * 256 + kt * 64, K);
+                    _tile_loadd(3, a->x + (size_t)r0 * K + b * 256 + kt * 64, K);
                     _tile_loadd(4, bhi + kt * 16 * 64, 64);
                     _tile_loadd(5, blo + kt * 16 * 64, 64);
                     _tile_loadd(6, bmin + kt * 16 * 64, 64);
-                    _tile_dpbusd(0, 3, 4);
-                    _tile_dpbusd(1, 3, 5);
-                    _tile_dpbusd(2, 3, 6);
+                    _tile_dpbssd(0, 3, 4);
+                    _tile_dpbssd(1, 3, 5);
+                    _tile_dpbssd(2, 3, 6);
                 }
                 _tile_stored(0, chi, 64);
                 _tile_stored(1, clo, 64);
                 _tile_stored(2, cmin, 64);
                 for (int r = 0; r < 16; ++r) {
-                    __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(chi[r]), 5),
-                                                                     _mm512_load_si512(clo[r])), wfix);
-                    __m512i msum = _mm512_sub_epi32(_mm512_load_si512(cmin[r]), mfix);
+                    __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(chi[r]), 5),
+                                                    _mm512_load_si512(clo[r]));
+                    __m512i msum = _mm512_load_si512(cmin[r]);
                     __m512 t = _mm512_sub_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(isum), d),
                                              _mm512_mul_ps(_mm512_cvtepi32_ps(msum), dmin));
                     float *o = a->out + (size_t)(r0 + r) * N + cb * 16;
@@ -429,13 +417,12 @@ static void amx_pass(struct data *a)
 }
 /* Q6_K: w' = sc * (q - 32) in [-4064, 4096] split 64 * hi + lo (hi in [-64, 64], lo in [0, 63]);
  * no mins, so two products */
-static void expand_q6k(const struct data *a, int cb, int b, uint8_t *bhi, uint8_t *blo, __m512i *wfix)
+static void expand_q6k(const struct data *a, int cb, int b, uint8_t *bhi, uint8_t *blo)
 {
-    const __m512i low6 = _mm512_set1_epi16(63), ones = _mm512_set1_epi16(1), offset = _mm512_set1_epi16(32);
+    const __m512i low6 = _mm512_set1_epi16(63), offset = _mm512_set1_epi16(32);
     const __m512i col_lo = _mm512_set_epi16(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4,
                                             3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     const __m512i col_hi = _mm512_add_epi16(col_lo, _mm512_set1_epi16(8));
-    __m512i wacc_lo = _mm512_setzero_si512(), wacc_hi = _mm512_setzero_si512();
     for (int j = 0; j < 16; ++j) {
         __m512i sc16 = _mm512_castsi256_si512(_mm512_cvtepi32_epi16(
             _mm512_load_si512(a->sc6_32 + ((size_t)cb * SUBS6 + b * 16 + j) * 16)));
@@ -444,8 +431,6 @@ static void expand_q6k(const struct data *a, int cb, int b, uint8_t *bhi, uint8_
             __m512i v = _mm512_load_si512(a->q6 + (((size_t)cb * SUPERS + b) * 64 + i) * 64);
             __m512i w_lo = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(v)), offset), sc_lo);
             __m512i w_hi = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(v, 1)), offset), sc_hi);
-            wacc_lo = _mm512_add_epi32(wacc_lo, _mm512_madd_epi16(w_lo, ones));
-            wacc_hi = _mm512_add_epi32(wacc_hi, _mm512_madd_epi16(w_hi, ones));
             __m512i hi = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srai_epi16(w_lo, 6))),
                                             _mm512_cvtepi16_epi8(_mm512_srai_epi16(w_hi, 6)), 1);
             __m512i lo = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_and_si512(w_lo, low6))),
@@ -454,10 +439,6 @@ static void expand_q6k(const struct data *a, int cb, int b, uint8_t *bhi, uint8_
             _mm512_store_si512(blo + i * 64, lo);
         }
     }
-    __m512i pair_lo = _mm512_add_epi32(wacc_lo, _mm512_shuffle_epi32(wacc_lo, _MM_PERM_CDAB));
-    __m512i pair_hi = _mm512_add_epi32(wacc_hi, _mm512_shuffle_epi32(wacc_hi, _MM_PERM_CDAB));
-    const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    *wfix = _mm512_slli_epi32(_mm512_permutex2var_epi32(pair_lo, evens, pair_hi), 7);
 }
 
 static void amx_q6k_pass(struct data *a)
@@ -467,24 +448,23 @@ static void amx_q6k_pass(struct data *a)
     memset(a->out, 0, sizeof(float) * M * N);
     for (int cb = 0; cb < CBS; ++cb)
         for (int b = 0; b < SUPERS; ++b) {
-            __m512i wfix;
-            expand_q6k(a, cb, b, bhi, blo, &wfix);
+            expand_q6k(a, cb, b, bhi, blo);
             __m512 d = _mm512_load_ps(a->d16 + ((size_t)cb * SUPERS + b) * 16);
             for (int r0 = 0; r0 < M; r0 += 16) {
                 _tile_zero(0);
                 _tile_zero(1);
                 for (int kt = 0; kt < 4; ++kt) {
-                    _tile_loadd(3, a->xplus + (size_t)r0 * K + b * 256 + kt * 64, K);
+                    _tile_loadd(3, a->x + (size_t)r0 * K + b * 256 + kt * 64, K);
                     _tile_loadd(4, bhi + kt * 16 * 64, 64);
                     _tile_loadd(5, blo + kt * 16 * 64, 64);
-                    _tile_dpbusd(0, 3, 4);
-                    _tile_dpbusd(1, 3, 5);
+                    _tile_dpbssd(0, 3, 4);
+                    _tile_dpbssd(1, 3, 5);
                 }
                 _tile_stored(0, chi, 64);
                 _tile_stored(1, clo, 64);
                 for (int r = 0; r < 16; ++r) {
-                    __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(chi[r]), 6),
-                                                                     _mm512_load_si512(clo[r])), wfix);
+                    __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(chi[r]), 6),
+                                                    _mm512_load_si512(clo[r]));
                     __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), d);
                     float *o = a->out + (size_t)(r0 + r) * N + cb * 16;
                     _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o),
