@@ -335,25 +335,30 @@ static void configure(void)
     _tile_loadconfig(&c);
 }
 
-/* one super-block of one column block as B tiles: hi and lo of sc * q, the mins per k; and the
- * corrections 128 * sum(w') and 128 * 32 * sum(mn) per column */
+/* a column block's 16 int32 values (a sub-scale per column) as int16 lanes in the layout of a
+ * B row's low and high 32 bytes: each column's value in its 4 lanes */
+static inline void per_column_halves(__m512i lanes, __m512i *lo, __m512i *hi)
+{
+    const __m512i col_lo = _mm512_set_epi16(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4,
+                                            3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512i v16 = _mm512_castsi256_si512(_mm512_cvtepi32_epi16(lanes));
+    *lo = _mm512_permutexvar_epi16(col_lo, v16);
+    *hi = _mm512_permutexvar_epi16(_mm512_add_epi16(col_lo, _mm512_set1_epi16(8)), v16);
+}
+
+/* one super-block of one column block as B tiles: hi and lo of sc * q, and the mins per k */
 static void expand(const struct data *a, int cb, int b, uint8_t *bhi, uint8_t *blo, uint8_t *bmin)
 {
     const __m512i low4 = _mm512_set1_epi8(0x0F), low5 = _mm512_set1_epi16(31);
-    /* each int16 lane's column (its byte / 4) in the low and high 32 bytes of a row */
-    const __m512i col_lo = _mm512_set_epi16(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4,
-                                            3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    const __m512i col_hi = _mm512_add_epi16(col_lo, _mm512_set1_epi16(8));
     const __m512i col_bytes = _mm512_set_epi8(
         15, 15, 15, 15, 14, 14, 14, 14, 13, 13, 13, 13, 12, 12, 12, 12, 11, 11, 11, 11, 10, 10, 10, 10,
         9, 9, 9, 9, 8, 8, 8, 8, 7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4,
         3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     for (int j = 0; j < 8; ++j) {
         int s = b * 8 + j;
-        __m512i sc = _mm512_load_si512(a->sc32 + ((size_t)cb * SUBS + s) * 16);
         __m512i mn = _mm512_load_si512(a->mn32 + ((size_t)cb * SUBS + s) * 16);
-        __m512i sc16 = _mm512_castsi256_si512(_mm512_cvtepi32_epi16(sc));
-        __m512i sc_lo = _mm512_permutexvar_epi16(col_lo, sc16), sc_hi = _mm512_permutexvar_epi16(col_hi, sc16);
+        __m512i sc_lo, sc_hi;
+        per_column_halves(_mm512_load_si512(a->sc32 + ((size_t)cb * SUBS + s) * 16), &sc_lo, &sc_hi);
         __m512i mn_row = _mm512_permutexvar_epi8(col_bytes, _mm512_castsi128_si512(_mm512_cvtepi32_epi8(mn)));
         for (int p = 0; p < 4; ++p) {
             __m512i v = _mm512_load_si512(a->qpack + (((size_t)cb * SUPERS + b) * 32 + 4 * j + p) * 64);
@@ -420,13 +425,9 @@ static void amx_pass(struct data *a)
 static void expand_q6k(const struct data *a, int cb, int b, uint8_t *bhi, uint8_t *blo)
 {
     const __m512i low6 = _mm512_set1_epi16(63), offset = _mm512_set1_epi16(32);
-    const __m512i col_lo = _mm512_set_epi16(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4,
-                                            3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    const __m512i col_hi = _mm512_add_epi16(col_lo, _mm512_set1_epi16(8));
     for (int j = 0; j < 16; ++j) {
-        __m512i sc16 = _mm512_castsi256_si512(_mm512_cvtepi32_epi16(
-            _mm512_load_si512(a->sc6_32 + ((size_t)cb * SUBS6 + b * 16 + j) * 16)));
-        __m512i sc_lo = _mm512_permutexvar_epi16(col_lo, sc16), sc_hi = _mm512_permutexvar_epi16(col_hi, sc16);
+        __m512i sc_lo, sc_hi;
+        per_column_halves(_mm512_load_si512(a->sc6_32 + ((size_t)cb * SUBS6 + b * 16 + j) * 16), &sc_lo, &sc_hi);
         for (int i = 4 * j; i < 4 * j + 4; ++i) {
             __m512i v = _mm512_load_si512(a->q6 + (((size_t)cb * SUPERS + b) * 64 + i) * 64);
             __m512i w_lo = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(v)), offset), sc_lo);
