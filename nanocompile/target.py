@@ -4,9 +4,13 @@ VNNI dot-product instructions, and the ISA flags that requires.
 A target is named by its level, with `+vnni` when the int8 dot products use vpdpbusd: AVX-512
 VNNI on x86-64-v4 (512-bit), AVX-VNNI on x86-64-v3 (256-bit). Without it, AVX2 and AVX-512
 compute them with vpmaddubsw + vpmaddwd; below x86-64-v3 the kernels are scalar.
+`x86-64-v4+vnni+amx` adds Intel's AMX-INT8 tiles, which the K-format projections of a prefill
+chunk use for their integer sums (runtime/nc_amx.h); chosen only where Linux grants this process
+the tiles' state.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import platform
@@ -20,7 +24,10 @@ LEVELS = [
 ]
 # the VNNI extension of a level: the /proc/cpuinfo flag and the compiler's option
 VNNI = {"x86-64-v4": ("avx512_vnni", "-mavx512vnni"), "x86-64-v3": ("avx_vnni", "-mavxvnni")}
-REPORTED = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16")
+# AMX: the flags, the compiler's options (VBMI for the byte shuffles that build the tile operands)
+AMX = ({"amx_tile", "amx_int8", "avx512vbmi"}, ["-mamx-tile", "-mamx-int8", "-mavx512vbmi"])
+REPORTED = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16",
+            "amx_int8")
 FORCE = "NANOCOMPILE_MARCH"  # builds for a lower target than the CPU's (tests run AVX2 code on AVX-512)
 
 
@@ -38,15 +45,34 @@ def cpu_flags() -> frozenset[str]:
 def split_target(march: str) -> tuple[str, bool]:
     """'x86-64-v4+vnni' -> ('x86-64-v4', True)."""
     level, _, extension = march.partition("+")
-    if extension not in ("", "vnni") or (extension and level not in VNNI):
+    if extension not in ("", "vnni", "vnni+amx") or (extension and level not in VNNI) or (
+            extension == "vnni+amx" and level != "x86-64-v4"):
         raise ValueError(f"unknown target {march!r}: a level ({', '.join(known_targets())}) with +vnni on "
-                         f"x86-64-v3 or x86-64-v4")
+                         f"x86-64-v3 or x86-64-v4, +vnni+amx on x86-64-v4")
     return level, bool(extension)
+
+
+def has_amx(march: str | None) -> bool:
+    """Whether a target's libraries use AMX tiles (x86-64-v4+vnni+amx)."""
+    return bool(march) and march.endswith("+amx")
 
 
 def known_targets() -> list[str]:
     levels = ["x86-64"] + [name for name, _ in reversed(LEVELS)]
-    return levels + [f"{level}+vnni" for level in reversed(VNNI)]
+    return levels + [f"{level}+vnni" for level in reversed(VNNI)] + ["x86-64-v4+vnni+amx"]
+
+
+@functools.lru_cache(maxsize=1)
+def amx_granted() -> bool:
+    """Whether Linux gives this process the AMX tiles' state (arch_prctl ARCH_REQ_XCOMP_PERM for
+    XTILEDATA; asking is what grants it, for the whole process, and the libraries ask again)."""
+    if platform.system() != "Linux" or platform.machine() != "x86_64" or not AMX[0] <= cpu_flags():
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    except (OSError, AttributeError):
+        return False
 
 
 def level_flags(march: str) -> list[str]:
@@ -64,6 +90,8 @@ def level_flags(march: str) -> list[str]:
             break
     if vnni:
         required.add(VNNI[level][0])
+    if has_amx(march):
+        required |= AMX[0]
     return sorted(required)
 
 
@@ -81,13 +109,14 @@ def compiler_flags(march: str) -> list[str]:
     if march == "native":
         return ["-march=native"]
     level, vnni = split_target(march)
-    return [f"-march={level}"] + ([VNNI[level][1]] if vnni else [])
+    return [f"-march={level}"] + ([VNNI[level][1]] if vnni else []) + (AMX[1] if has_amx(march) else [])
 
 
 def detect_march(flags: frozenset[str] | None = None) -> tuple[str, list[str]]:
     """The best target this CPU runs (or NANOCOMPILE_MARCH, if set and this CPU has it), and the
     flags it requires."""
     forced = os.environ.get(FORCE) if flags is None else None
+    this_cpu = flags is None  # else a CPU described by its flags alone (tests)
     flags = cpu_flags() if flags is None else flags
     if platform.machine() not in ("x86_64", "AMD64"):
         return "native", []
@@ -98,6 +127,8 @@ def detect_march(flags: frozenset[str] | None = None) -> tuple[str, list[str]]:
         march = name
     if march in VNNI and VNNI[march][0] in flags:
         march += "+vnni"
+    if march == "x86-64-v4+vnni" and AMX[0] <= flags and (not this_cpu or amx_granted()):
+        march += "+amx"
     if forced:
         need = level_flags(forced)
         if not set(need) <= flags:
@@ -108,7 +139,8 @@ def detect_march(flags: frozenset[str] | None = None) -> tuple[str, list[str]]:
 
 def runnable_targets() -> list[str]:
     """Every target this CPU runs, best first."""
-    return [t for t in reversed(known_targets()) if set(level_flags(t)) <= cpu_flags()]
+    return [t for t in reversed(known_targets()) if set(level_flags(t)) <= cpu_flags()
+            and (not has_amx(t) or amx_granted())]
 
 
 @functools.lru_cache(maxsize=1)

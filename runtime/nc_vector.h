@@ -13,6 +13,7 @@
 #endif
 
 #include "nc_runtime.h"
+#include "nc_amx.h"
 
 #define NC_VECTOR_TYPES(L)                                                                          \
     typedef float nc_f32x##L __attribute__((vector_size(4 * L)));                                   \
@@ -118,6 +119,11 @@ static inline nc_f32x16 nc_load_f16_16(const _Float16 *p)
 static inline nc_i32x16 nc_load_i8_16(const int8_t *p)
 {
     return (nc_i32x16)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+/* 16 int32 sums stored by a helper (runtime/nc_amx.h's nc_tile_sums) */
+static inline nc_i32x16 nc_load_i32_16(const int32_t *p)
+{
+    return (nc_i32x16)_mm512_loadu_si512((const void *)p);
 }
 static inline void nc_store_i8_16(int8_t *p, nc_f32x16 v)
 {

@@ -23,7 +23,7 @@ pytest.register_assert_rewrite("tiers")
 from helpers import LEVELS, N_TOKENS, greedy_run, real_prompt_ids  # noqa: E402
 from tiers import REAL_FIXTURES  # noqa: E402
 
-from nanocompile.target import FORCE, cpu_flags, detect_march, level_flags  # noqa: E402
+from nanocompile.target import FORCE, cpu_flags, detect_march, has_amx, level_flags  # noqa: E402
 
 pytest_plugins = ["tiers"]  # the model, c, slow and fast tiers (tests/tiers.py)
 
@@ -49,12 +49,13 @@ def pytest_report_header(config):
 
 
 def _levels(config) -> list[str]:
-    """This CPU's target, then AVX2 (x86-64-v3) if the CPU has more and runs it."""
+    """This CPU's target; without its AMX tiles (every AVX-512 VNNI CPU's code) if it has them;
+    then AVX2 (x86-64-v3) if the CPU has more and runs it."""
     native = detect_march()[0]
     avx2 = LEVELS[-1]
     if config.getoption("--levels") == "native" or native == avx2 or not set(level_flags(avx2)) <= cpu_flags():
         return [native]
-    return [native, avx2]
+    return [native] + ([native.removesuffix("+amx")] if has_amx(native) else []) + [avx2]
 
 
 def pytest_generate_tests(metafunc):

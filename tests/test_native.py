@@ -3,6 +3,7 @@ wherever a format is exactly int8's form (a float16 scale per 32, no min: Q8_0, 
 qs = q - offset, d as stored), every other matrix requantized to Q8_0 as int8 does, named in
 one note per packing. Wherever the target has vector dot products (8 or 16 lanes), the 4- and
 5-bit formats' weights stay in their bits (schedule/narrow.py): native's library is then its own."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from nanocompile.engine.open import open_session, weight_form
 from nanocompile.engine.precision import GRAPH_OF, PRECISIONS
 from nanocompile.models.formats import FORMATS, format_named
 from nanocompile.models.quantize import Int8Weights, NativeWeights, exact_in_int8, narrow_storage, quantize_q8_0
-from nanocompile.target import detect_march, vector_lanes
+from nanocompile.target import cpu_model, detect_march, has_amx, vector_lanes
 
 EXACT = {"Q8_0", "Q5_0", "Q4_0"}
 
@@ -156,9 +157,12 @@ def test_native_library_is_bitwise_its_unscheduled_build_and_the_interpreter(tin
     model, cache = tiny_native
     monkeypatch.setenv("NANOCOMPILE_CACHE", str(cache))
     ids = [int(t) for t in np.random.default_rng(3).integers(0, model.config.vocab_size, DEFAULT_CHUNK + 6)]  # two chunks
+    packed_before = set(Path(cache).rglob("*.bin"))
     compiled = open_session(model, "compiled", n_ctx=128, threads=2, precision="native")
     said = capfd.readouterr().err
-    assert said.count("requantized to Q8_0") == 1 and "Q4_1" in said
+    # said by the packing: a level whose layout an earlier level packed (+amx's is +vnni's) finds it packed
+    packed_now = compiled.packed_path not in packed_before
+    assert said.count("requantized to Q8_0") == packed_now and ("Q4_1" in said) == packed_now
     plain = CompiledSession.from_weights(model.config, model.weights, n_ctx=128, precision="native", fuse=False, schedule=False)
     interp = InterpreterSession.from_weights(model.config, model.weights, n_ctx=128, precision="native")
     assert interp.order == library_order()
@@ -369,6 +373,50 @@ def test_k_formats_run_as_stored_bitwise(tiny_k, monkeypatch):
         assert narrow_dot(bits, source) == five_bits_here(), bits
     assert ("model.layers.1.mlp.down_proj.weight.qs" in compiled.module.narrow_weights) == five_bits_here()
     assert_bitwise_agree(compiled, plain, interp, ids)
+
+
+@pytest.fixture(scope="module")
+def tiny_k_wide(tmp_path_factory):
+    """Laid out as llama.cpp's Q4_K_M lays out a 1.5B (K formats only), 512 wide: every projection
+    spans two super-blocks, so each takes prefill row tiles."""
+    from nanocompile.models import load_model
+
+    d = tmp_path_factory.mktemp("k_wide")
+    cfg = tiny_config(hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=512, layers=2, vocab=300)
+    path = write_gguf(d / "k.gguf", cfg, random_weights(cfg, seed=33), tensor_types=k_embedding_types(cfg, "Q4_K", "Q6_K"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NANOCOMPILE_CACHE", str(d / "cache"))
+        return load_model(path, progress=False), d / "cache"
+
+
+@pytest.mark.c
+def test_k_format_tile_sums_are_bitwise_at_every_row_count(tiny_k_wide, monkeypatch):
+    """Where the CPU has AMX tiles (and Linux grants them): every K-format projection, the SwiGLU
+    pair among them, takes its integer sums from tiles (schedule/tiles.py) in the library this CPU
+    gets, Q4_K with its mins and Q6_K with its offset of 32; prompts of 9 to 96 rows (whole 16-row
+    tiles, rows past them, row tiles the tiles do not cover) give the interpreter's logits and KV
+    cache bit for bit."""
+    march = detect_march()[0]
+    if not has_amx(march):
+        pytest.skip(f"{cpu_model()}: no AMX tiles granted here ({march}); the tile sums cannot run")
+    model, cache = tiny_k_wide
+    monkeypatch.setenv("NANOCOMPILE_CACHE", str(cache))
+    compiled = open_session(model, "compiled", n_ctx=256, threads=2, precision="native")
+    interp = InterpreterSession.from_weights(model.config, model.weights, n_ctx=256, precision="native")
+    source = (compiled.lib.path.parent / "model.c").read_text()
+    calls = re.findall(r"nc_tile_sums\((\w+), (\w+), .*, (\d+), (\d+)\);", source)
+    assert {(mins != "NULL", int(size), int(offset)) for _, mins, size, offset in calls} == {(True, 32, 0), (False, 16, 32)}
+    assert re.search(r"void matmul2_\w+\(", source) and "nc_dot4u4_16(" in source  # decode rows: as before
+    rng = np.random.default_rng(8)
+    for rows in (9, 16, 24, 41, 72, 96):
+        ids = [int(t) for t in rng.integers(0, model.config.vocab_size, rows)]
+        for s in (compiled, interp):
+            s.reset()
+        assert same_bits(compiled.step(ids, all_logits=True), interp.step(ids, all_logits=True)), rows
+        assert same_bits(compiled.step([5]), interp.step([5])), rows
+        for layer in range(model.config.num_hidden_layers):
+            for a, kv in zip(compiled.read_cache(layer), "kv"):
+                assert same_bits(a, interp.cache[f"cache.{layer}.{kv}"][..., :rows + 1, :]), (rows, layer, kv)
 
 
 # an embedding in a K format, tied and untied -------------------------------------------------------

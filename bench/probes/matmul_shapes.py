@@ -12,7 +12,8 @@ native: every stored format (Q8_0, Q5_0, Q4_0, Q4_K, Q5_K, Q6_K) at the default 
 and the 1.5B sibling's, at 1 row and 96 (a prefill chunk), as the native library runs them (the
 quants in 4, 5 or 6 bits wherever the target has vector dot products); the bytes are the packed
 weights' as the kernel reads them. Where the recipe unpacks a narrow weight once per column block
-(schedule/unpack.py), the recipe less Unpack runs beside it, alternated round by round.
+(schedule/unpack.py), the recipe less Unpack runs beside it, and on a target with AMX the recipe
+less AmxSums (schedule/tiles.py), alternated round by round.
 --march runs a level below this CPU's (x86-64-v3: the AVX2 kernels on an AVX-512 machine).
 
     python -m bench.probes.matmul_shapes [--rounds 5] [--precision f32|int8|native] [--march LEVEL]
@@ -73,7 +74,8 @@ def _native(k: int, n: int, kind: str, m: int, rng):
     from nanocompile.models.quantize import (narrow_storage, quantize_q8_0, split_exact, split_superblocks,
                                              superblock_form)
     from nanocompile.schedule.recipes import NARROW_LANES, default_schedule
-    from nanocompile.target import detect_march, dot_weight_offset, vector_lanes
+    from nanocompile.schedule.program import with_tile_sums
+    from nanocompile.target import detect_march, dot_weight_offset, has_amx, vector_lanes
 
     fmt = format_named(kind)
     raw = rng.integers(0, 256, (n, k // fmt.block, fmt.nbytes), dtype=np.uint8)
@@ -115,7 +117,8 @@ def _native(k: int, n: int, kind: str, m: int, rng):
         # only the quants can be narrow (the recipe's choice), so naming all of them is enough
         weights = frozenset(p.name for p in kernel.params if p.access == "read" and p.name != "p1")
         narrow = {p.name: storage for p in kernel.params if p.name in weights and p.dtype == "i8"} if storage else {}
-        return default_schedule(kernel, lanes, weights, dot_offset=offset, narrow=narrow)
+        recipe = default_schedule(kernel, lanes, weights, dot_offset=offset, narrow=narrow)
+        return with_tile_sums(kernel, recipe) if has_amx(march) else recipe  # as schedule_program does
 
     bits = storage[0] if storage else 8
     nbytes = sum(a.nbytes for a in w.values()) - w[quants].nbytes * (8 - bits) // 8
@@ -215,7 +218,7 @@ def measure_native(rounds: int, machine: dict, formats=None) -> list[dict]:
     import numpy as np
 
     from nanocompile.compiler.graph_library import GraphLibrary
-    from nanocompile.schedule import PairSums, Unpack
+    from nanocompile.schedule import AmxSums, PairSums, Unpack
 
     print("| shape | K x N | format | rows | schedule | nanocompile us, median | roofline us | roofline / nanocompile |\n"
           "|---|---|---|---|---|---|---|---|")
@@ -231,10 +234,11 @@ def measure_native(rounds: int, machine: dict, formats=None) -> list[dict]:
             copies = [weights] + [{key: a.copy() for key, a in weights.items()}
                                   for _ in range(max(0, int(COLD_BYTES // wbytes)))]
             engines = {"recipe": GraphLibrary(g, max_seq=max(NATIVE_ROWS), schedule=schedule)}
-            for kind_of, mark in ((Unpack, "nc_unpack"), (PairSums, "nc_pairs_")):  # what each directive gives
+            for kind_of, mark in ((Unpack, "nc_unpack"), (PairSums, "nc_pairs_"), (AmxSums, "nc_tile_sums(")):
                 if mark in engines["recipe"].source:
-                    def less(kernel, kind_of=kind_of):
-                        return tuple(d for d in schedule(kernel) if not isinstance(d, kind_of))
+                    def less(kernel, kind_of=kind_of):  # what each directive gives (AmxSums goes with Unpack)
+                        drop = (kind_of, AmxSums) if kind_of is Unpack else kind_of
+                        return tuple(d for d in schedule(kernel) if not isinstance(d, drop))
                     engines[f"less {kind_of.__name__}"] = GraphLibrary(g, max_seq=max(NATIVE_ROWS), schedule=less)
             runs, turn = {}, {}
             for e, lib in engines.items():

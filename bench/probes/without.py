@@ -1,7 +1,8 @@
 """The default model with the recipes as they are and with the recipes less one kind of directive
 (PrefetchNext: a projection's row tiles fetch its next column block; FetchNextBlock: a quantized
 projection's first row tile does; Unpack: a narrow weight's bytes rebuilt once per column block;
-PairSums: a sub-block's 4-bit dot products summed in int16 pairs), or another model file (-m), both
+PairSums: a sub-block's 4-bit dot products summed in int16 pairs; AmxSums: a K-format projection's
+integer sums from AMX tiles, where the target has them), or another model file (-m), both
 libraries loaded in one process and alternated round by round: a prompt (pp), tokens after it
 (tg) and, with --verify K, a step of K rows after the prompt with every row's logits (a verify
 step's shape, rolled back) each round. Why a directive is in the recipes, at a precision and an
@@ -33,19 +34,21 @@ from bench.support.measure import THREADS, append, pin_threads, summary, two_sid
 @contextlib.contextmanager
 def recipes_without(kind: type):
     """Every recipe's candidates less their directives of this kind, while a library is compiled."""
-    from nanocompile.schedule import recipes
+    from nanocompile.schedule import AmxSums, program, recipes
 
-    candidates = recipes._candidates
+    candidates, with_tile_sums = recipes._candidates, program.with_tile_sums
 
     def less(*args, **kwargs):
         for schedule in candidates(*args, **kwargs):
             yield [d for d in schedule if not isinstance(d, kind)]
 
     recipes._candidates = less
+    if kind is AmxSums:  # added after the recipes where the target has AMX (schedule_program)
+        program.with_tile_sums = lambda k, schedule: tuple(schedule)
     try:
         yield
     finally:
-        recipes._candidates = candidates
+        recipes._candidates, program.with_tile_sums = candidates, with_tile_sums
 
 
 def library_less(model, kind: type, precision: str, march: str | None) -> tuple:
@@ -72,7 +75,7 @@ def main() -> None:
     from nanocompile.models import load_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("directive", choices=["FetchNextBlock", "PairSums", "PrefetchNext", "Unpack"])
+    ap.add_argument("directive", choices=["AmxSums", "FetchNextBlock", "PairSums", "PrefetchNext", "Unpack"])
     ap.add_argument("-m", "--model", default="default", help="'default', a GGUF file or a Hugging Face directory")
     ap.add_argument("--precision", default="f32", choices=list(PRECISIONS))
     ap.add_argument("--march", default=None, help="an x86-64 level below this CPU's (default: this CPU's)")

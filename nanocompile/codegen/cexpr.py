@@ -8,7 +8,7 @@ import numpy as np
 from ..ir.expr import Expr
 from ..loopir.affine import build, linear
 from ..loopir.ir import (PAIRS, Acc, AccInit, AccUpdate, Bin, ByteSum, Cast, Dot, FConst, Fma, IConst, Lane, LaneMax,
-                         Load, Loop, NarrowByte, Poly, Prefetch, Select, Store, Un, UnpackBytes, Var, dtype_of)
+                         Load, Loop, NarrowByte, Poly, Prefetch, Select, Store, TileSums, Un, UnpackBytes, Var, dtype_of)
 from ..loopir.traverse import fold, walk
 from ..loopir.traverse import statements as all_statements
 
@@ -159,6 +159,8 @@ def statements(body, dtypes: dict | None = None, vector=None) -> list[dict]:
     dtypes.update({s.name: "i32" if s.dtype == PAIRS else s.dtype for s in all_statements(body)
                    if isinstance(s, AccInit)})
     dtypes.update({s.local: "i8" for s in all_statements(body) if isinstance(s, UnpackBytes)})
+    dtypes.update({name: "i32" for s in all_statements(body) if isinstance(s, TileSums) for name in (s.sums, s.mins)
+                   if name})
     out = []
     for s in body:
         if isinstance(s, Loop):
@@ -178,6 +180,8 @@ def statements(body, dtypes: dict | None = None, vector=None) -> list[dict]:
             out.append({"kind": "line", "text": f"nc_prefetch({address(s.param, s.index)});"})
         elif isinstance(s, UnpackBytes):
             out.extend({"kind": "line", "text": line} for line in unpack_lines(s, vector.lanes if vector else 0))
+        elif isinstance(s, TileSums):
+            out.extend({"kind": "line", "text": line} for line in tile_sums_lines(s))
         elif vector is not None:
             out.append({"kind": "line", "text": vector.statement(s)})
         elif isinstance(s, Store):
@@ -206,6 +210,21 @@ def unpack_lines(s: UnpackBytes, lanes: int) -> list[str]:
     else:
         guarded = [f"if ({c(s.when)} > 0)", "    " + fill]
     return [f"int8_t {s.local}[{s.count}] __attribute__((aligned(64)));"] + guarded
+
+
+def tile_sums_lines(s: TileSums) -> list[str]:
+    """A superblock projection's integer sums for every row of a column block, by AMX tiles, into
+    this thread's buffers (schedule/tiles.py, runtime/nc_amx.h)."""
+    rows = c(s.rows, False)
+    per_array = f"{rows} * {s.supers * 16}"
+    lines = [f"int32_t *{s.sums} = nc_amx_scratch({s.slot}, {per_array} * {8 if s.mins else 4});"]
+    if s.mins:
+        lines.append(f"int32_t *{s.mins} = {s.sums} + {per_array};")
+    mins = f"{s.mins}, " if s.mins else "NULL, "
+    min_weights = address(s.min_param, s.min_start) if s.min_param else "NULL"
+    call = (f"nc_tile_sums({s.sums}, {mins}{address(s.x, s.x_start)}, {s.x_stride}, {rows}, {s.supers}, {s.local}, "
+            f"{address(s.scales, s.scales_start)}, {min_weights}, {s.sub_size}, {s.offset});")
+    return lines + [f"if ({rows} > 0)", "    " + call]
 
 
 class VectorC:
@@ -263,6 +282,8 @@ class VectorC:
         def wrap(text):
             return text if top else f"({text})"
 
+        if isinstance(e, Load) and self.dtypes[e.param] == "i32":  # sums a helper stored (schedule/tiles.py)
+            return f"nc_load_i32_{self.lanes}({self.address(e.param, e.index)})"
         if isinstance(e, Load):
             if self.dtypes[e.param] != "f32":
                 raise TypeError(f"{e.param} holds {self.dtypes[e.param]}: its lanes are read converted")

@@ -38,7 +38,7 @@ from ..passes.cse import cse
 from ..passes.fold import fold_constants
 from ..passes.fusion import plan_fusion
 from ..schedule.program import schedule_program, tuned_map
-from ..target import dot_weight_offset, vector_lanes
+from ..target import dot_weight_offset, has_amx, vector_lanes
 from . import STAGE_NAMES
 
 
@@ -91,7 +91,7 @@ def run_schedule(c: Compilation) -> None:
     storage = {name: (bits, offset) for name, bits, offset in c.options.narrow}
     narrow = {weight_buffer(w.cname): storage[w.name] for w in c.signature.weights if w.name in storage}
     c.packed = schedule_program(c.kernels, c.programs.values(), c.lanes, c.options.choose, tuned_map(c.options.tuned),
-                                dot_weight_offset(c.options.march), narrow)
+                                dot_weight_offset(c.options.march), narrow, tiles=has_amx(c.options.march))
 
 
 def run_memory(c: Compilation) -> None:

@@ -7,7 +7,7 @@ import dataclasses
 from ..loopir.ir import Kernel
 from .blocking import pack
 from .bytesums import byte_sums
-from .directives import (ByteSums, DotProduct, FetchNextBlock, LaneReduce, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split,
+from .directives import (AmxSums, ByteSums, DotProduct, FetchNextBlock, LaneReduce, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split,
                          Unpack, Unroll, UnrollJam, Vectorize)
 from .dot import dot_product
 from .lanes import lane_reduce
@@ -15,11 +15,13 @@ from .loops import check_chunks, parallel, reorder, split, unroll, unroll_jam
 from .pairs import pair_sums
 from .prefetch import fetch_next_block, prefetch_next
 from .unpack import unpack
+from .tiles import amx_sums
 from .vector import check_lanes, vectorize
 
 RULES = {Split: split, Reorder: reorder, Unroll: unroll, UnrollJam: unroll_jam, Vectorize: vectorize, Pack: pack,
          Parallel: parallel, DotProduct: dot_product, LaneReduce: lane_reduce, PrefetchNext: prefetch_next,
-         Unpack: unpack, PairSums: pair_sums, FetchNextBlock: fetch_next_block, ByteSums: byte_sums}
+         Unpack: unpack, PairSums: pair_sums, FetchNextBlock: fetch_next_block, ByteSums: byte_sums,
+         AmxSums: amx_sums}
 
 
 def apply(k: Kernel, schedule) -> Kernel:

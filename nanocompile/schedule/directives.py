@@ -165,6 +165,19 @@ class FetchNextBlock:
 
 
 @dataclass(frozen=True)
+class AmxSums:
+    """After Unpack(param, at): the row tiles inside `at` (its copy over the rebuilt bytes) read
+    each super-block's integer sums of param, which AMX tiles compute once per column block for
+    all their rows, instead of summing the sub-blocks' dot products themselves
+    (schedule/tiles.py). Only on a target with AMX; the sums are the same integers."""
+    param: str
+    at: str
+
+    def __str__(self) -> str:
+        return f"AmxSums({self.param}, {self.at})"
+
+
+@dataclass(frozen=True)
 class Unpack:
     """Rebuild the bytes of param (a weight Pack keeps in 4-6 bits) that the dot products inside
     loop `at` read, once, before it, into a local array they then read in 8 bits: a prefill

@@ -13,7 +13,7 @@ import hashlib
 from ..loopir.ir import Kernel, format_kernel
 from .apply import apply, first_legal, is_legal
 from .blocking import weight_layouts
-from .directives import Pack
+from .directives import AmxSums, Pack, Unpack
 from .recipes import NARROW_LANES, default_schedule
 
 
@@ -122,7 +122,7 @@ def _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, un
 
 def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=None,
                      tuned: dict | None = None, dot_offset: int = 0,
-                     narrow: dict | None = None) -> dict[str, tuple[int, int]]:
+                     narrow: dict | None = None, tiles: bool = False) -> dict[str, tuple[int, int]]:
     """Schedules every kernel in place; returns buffer -> (row, block) for the packed weights.
     choose(kernel) -> directives replaces the recipes (tests use it to try other schedules);
     tuned maps kernel_digest() to a schedule measured on this machine and the recipe it was
@@ -130,7 +130,9 @@ def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=No
     (target.dot_weight_offset); narrow: weight buffer -> (bits, offset) for the values that fit
     4-6 bits, kept so by the recipes where every kernel reading one takes it so (a tied
     embedding's gather does not: such a buffer stays 8-bit); a kernel called on weights stored
-    differently is split first (split_by_storage)."""
+    differently is split first (split_by_storage); tiles: the target has AMX, and every Unpack of a
+    superblock projection in a recipe or measured schedule is followed by AmxSums where it applies
+    (schedule/tiles.py)."""
     programs = list(programs)
     narrow = dict(narrow or {}) if lanes in NARROW_LANES else {}  # scalar code reads every weight in 8 bits
     split_by_storage(kernels, programs, narrow)
@@ -176,8 +178,21 @@ def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=No
         for buffer in refused:  # read by a kernel that cannot take it narrow: every kernel reads it in 8 bits
             narrow.pop(buffer, None)
     packed = layouts(strict=True)  # raises if a parameter is bound to a packed and an unpacked weight
+    if tiles and choose is None:  # the recipes' and measured schedules; a chosen one is as given
+        schedules = {name: with_tile_sums(kernels[name], s) for name, s in schedules.items()}
     for name, k in list(kernels.items()):
         kernels[name] = apply(k, schedules[name])
     for prog in programs:
         prog.kernels = {n: kernels[n] for n in prog.kernels}
     return packed
+
+
+def with_tile_sums(k: Kernel, schedule) -> tuple:
+    """The schedule with AmxSums after each of its Unpacks where that applies (schedule/tiles.py)."""
+    schedule = tuple(schedule)
+    for d in schedule:
+        if isinstance(d, Unpack) and not any(isinstance(e, AmxSums) and e.param == d.param for e in schedule):
+            tried = schedule + (AmxSums(d.param, d.at),)
+            if is_legal(k, tried):
+                schedule = tried
+    return schedule

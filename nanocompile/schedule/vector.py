@@ -22,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..loopir.affine import build, linear
-from ..loopir.ir import AccInit, AccUpdate, Bin, Cast, Dot, IConst, Kernel, Lane, Load, Select, Store, Var, dtype_of
+from ..loopir.ir import (AccInit, AccUpdate, Bin, Cast, Dot, IConst, Kernel, Lane, Load, Select, Store, TileSums, Var,
+                         dtype_of)
 from ..loopir.traverse import (contains, declared, expressions, find_loop, loads, loops, replace, rewrite, statements,
                                substitute, walk)
 from .directives import ScheduleError, Vectorize
@@ -194,6 +195,9 @@ def check_lanes(k: Kernel) -> None:
     """A complete schedule: every load in a vector loop is contiguous (a Dot's groups: one group
     per lane), or a broadcast; int8 and float16 lanes are read converted."""
     dtypes = {p.name: p.dtype for p in k.params}
+    # sums the AMX helper stored (schedule/tiles.py): int32 lanes, read as they are
+    sums = {name for s in statements(k.body) if isinstance(s, TileSums) for name in (s.sums, s.mins) if name}
+    dtypes.update({name: "i32" for name in sums})
     for lp in loops(k.body):
         if not lp.lanes:
             continue
@@ -206,6 +210,6 @@ def check_lanes(k: Kernel) -> None:
                 raise ScheduleError(f"{k.name}: the lanes of {lp.var!r} read {ld.param} with stride "
                                     f"{stride}; Pack({ld.param}, ...) makes them contiguous")
             converted = how[0] == "converted" and (dtypes[ld.param], how[1]) in CONVERTED
-            if how[0] != "dot" and dtypes[ld.param] != "f32" and not converted:
+            if how[0] != "dot" and dtypes[ld.param] != "f32" and ld.param not in sums and not converted:
                 raise ScheduleError(f"{k.name}: the lanes of {lp.var!r} read {dtypes[ld.param]} {ld.param} "
                                     f"without converting it to float32 or int32")
