@@ -12,10 +12,11 @@
  * the definition's exactly: I = 64 C_hi + C_lo, M = C_min. The float step stays in the generated
  * kernel, which reads I and M where it summed them itself (schedule/tiles.py).
  *
- * The weights arrive as schedule/unpack.py leaves a column block: one byte a weight (0..63), per
- * super-block 64 units of 64 bytes, unit u holding k = 4u..4u+3 of each of the 16 columns (byte
- * 4n + k % 4): AMX's B layout, so the 16 units of a 64-deep step are one B tile. The sub-scales and
- * mins are as the kernels read them: per super-block and sub-block, one int8 a column. */
+ * The weights are read as schedule/narrow.py keeps them (4, 5 or 6 bits a weight) and rebuilt a
+ * super-block at a time into bytes (0..63) as schedule/unpack.py would: 64 units of 64 bytes, unit
+ * u holding k = 4u..4u+3 of each of the 16 columns (byte 4n + k % 4), which is AMX's B layout, so
+ * the 16 units of a 64-deep step are one B tile. The sub-scales and mins are as the kernels read
+ * them: per super-block and sub-block, one int8 a column. */
 #ifndef NC_AMX_H
 #define NC_AMX_H
 
@@ -66,9 +67,17 @@ static inline void nc_amx_configure(int rows)
     _tile_loadconfig(&c);
 }
 
+/* The 64 bytes of unit u (0..63) of the super-block whose first unit starts byte `start` of the
+ * 8-bit layout of p, a weight kept in `bits` bits */
+static inline __m512i nc_amx_unit(const int8_t *p, int64_t start, int u, int bits)
+{
+    const int8_t *unit = p + (start / 64 + u) * (8 * bits);
+    return bits == 4 ? nc_bytes4_16(unit) : bits == 5 ? nc_bytes5_16(unit) : nc_bytes6_16(unit);
+}
+
 /* One super-block's B operands: hi and lo of sc * (q - offset) and, with mins, mn per k. */
-static inline void nc_amx_operands(const int8_t *q, const int8_t *sc, const int8_t *mn, int sub_size, int offset,
-                                   int8_t *bhi, int8_t *blo, int8_t *bmin)
+static inline void nc_amx_operands(const int8_t *p, int64_t start, int bits, const int8_t *sc, const int8_t *mn,
+                                   int sub_size, int offset, int8_t *bhi, int8_t *blo, int8_t *bmin)
 {
     /* a column's int16 value in the 4 lanes of its k, for a unit's low and high 32 bytes */
     const __m512i col_lo = _mm512_set_epi16(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4,
@@ -87,7 +96,7 @@ static inline void nc_amx_operands(const int8_t *q, const int8_t *sc, const int8
                                   _mm_loadu_si128((const __m128i *)(mn + s * 16))))
                             : _mm512_setzero_si512();
         for (int u = s * units; u < (s + 1) * units; ++u) {
-            __m512i v = _mm512_load_si512(q + u * 64);
+            __m512i v = nc_amx_unit(p, start, u, bits);
             __m512i w_lo = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(v)), off), sc_lo);
             __m512i w_hi = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(v, 1)), off),
                                               sc_hi);
@@ -121,14 +130,14 @@ static inline int32_t *nc_amx_scratch(int slot, int64_t bytes)
     return buffers[slot];
 }
 
-/* nc_tile_sums(isums, msums, x, x_stride, rows, supers, q, sc, mn, sub_size, offset): I (and M,
- * where mn is not NULL) of every super-block of one 16-column block for rows 0..rows-1 of x (int8,
- * x_stride bytes a row), stored at isums[(m * supers + b) * 16 + n] (msums likewise). q: the
- * block's unpacked weights; sc, mn: its sub-scales and mins, 16 a sub-block, super-block after
- * super-block. */
+/* nc_tile_sums(isums, msums, x, x_stride, rows, supers, p, start, bits, sc, mn, sub_size, offset):
+ * I (and M, where mn is not NULL) of every super-block of one 16-column block for rows
+ * 0..rows-1 of x (int8, x_stride bytes a row), stored at isums[(m * supers + b) * 16 + n] (msums
+ * likewise). p: the weight in `bits` bits, the block's first byte at `start` of its 8-bit layout;
+ * sc, mn: its sub-scales and mins, 16 a sub-block, super-block after super-block. */
 static inline void nc_tile_sums(int32_t *isums, int32_t *msums, const int8_t *x, int64_t x_stride, int64_t rows,
-                                int64_t supers, const int8_t *q, const int8_t *sc, const int8_t *mn, int sub_size,
-                                int offset)
+                                int64_t supers, const int8_t *p, int64_t start, int bits, const int8_t *sc,
+                                const int8_t *mn, int sub_size, int offset)
 {
     int8_t bhi[4096] __attribute__((aligned(64))), blo[4096] __attribute__((aligned(64))),
         bmin[4096] __attribute__((aligned(64)));
@@ -140,8 +149,8 @@ static inline void nc_tile_sums(int32_t *isums, int32_t *msums, const int8_t *x,
     nc_amx_configure(16);
     for (int64_t b = 0; b < supers; ++b) {
         /* built once a super-block (12 KiB, in L1) for every row group */
-        nc_amx_operands(q + b * 4096, sc + b * subs * 16, mn ? mn + b * subs * 16 : NULL, sub_size, offset,
-                        bhi, blo, bmin);
+        nc_amx_operands(p, start + b * 4096, bits, sc + b * subs * 16, mn ? mn + b * subs * 16 : NULL, sub_size,
+                        offset, bhi, blo, bmin);
         for (int64_t m0 = 0; m0 < rows; m0 += 16) {
             const int tile_rows = m0 < full ? 16 : (int)(rows - m0);
             if (tile_rows < 16)  /* the rows past the last 16: tiles of fewer rows, then back */

@@ -13,7 +13,6 @@
 #endif
 
 #include "nc_runtime.h"
-#include "nc_amx.h"
 
 #define NC_VECTOR_TYPES(L)                                                                          \
     typedef float nc_f32x##L __attribute__((vector_size(4 * L)));                                   \
@@ -481,5 +480,7 @@ NC_DOT4U_NARROW_8(4)
 NC_DOT4U_NARROW_8(5)
 NC_DOT4U_NARROW_8(6)
 #endif
+
+#include "nc_amx.h" /* uses the 16-lane unpacking above */
 
 #endif

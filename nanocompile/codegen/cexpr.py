@@ -222,8 +222,8 @@ def tile_sums_lines(s: TileSums) -> list[str]:
         lines.append(f"int32_t *{s.mins} = {s.sums} + {per_array};")
     mins = f"{s.mins}, " if s.mins else "NULL, "
     min_weights = address(s.min_param, s.min_start) if s.min_param else "NULL"
-    call = (f"nc_tile_sums({s.sums}, {mins}{address(s.x, s.x_start)}, {s.x_stride}, {rows}, {s.supers}, {s.local}, "
-            f"{address(s.scales, s.scales_start)}, {min_weights}, {s.sub_size}, {s.offset});")
+    call = (f"nc_tile_sums({s.sums}, {mins}{address(s.x, s.x_start)}, {s.x_stride}, {rows}, {s.supers}, {s.param}, "
+            f"{c(s.start)}, {s.bits}, {address(s.scales, s.scales_start)}, {min_weights}, {s.sub_size}, {s.offset});")
     return lines + [f"if ({rows} > 0)", "    " + call]
 
 

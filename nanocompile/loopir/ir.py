@@ -267,9 +267,10 @@ class TileSums(Node):
     by AMX tiles (runtime/nc_amx.h), with a superblock projection's exact integer sums for one
     16-column block: I (and M) of rows 0..rows-1 of x (int8 activations from element x_start on,
     x_stride a row) and each of `supers` super-blocks at [(row * supers + b) * 16 + column], from
-    the weights' bytes Unpack left in `local` (q, stored plus `offset`), the sub-scales of
-    `scales` from scales_start and the mins of `min_param` from min_start (16 a sub-block of
-    sub_size). `slot`: which of the thread's buffers holds them (schedule/tiles.py)."""
+    the weight `param` kept in `bits` bits (schedule/narrow.py; the block from byte `start` of its
+    8-bit layout on, stored plus `offset`), the sub-scales of `scales` from scales_start and the
+    mins of `min_param` from min_start (16 a sub-block of sub_size). `slot`: which of the thread's
+    buffers holds them (schedule/tiles.py)."""
     sums: str
     mins: str  # "" without mins
     x: str
@@ -277,7 +278,9 @@ class TileSums(Node):
     x_stride: int
     rows: Node
     supers: int
-    local: str
+    param: str
+    start: Node
+    bits: int
     scales: str
     scales_start: Node
     min_param: str  # "" without mins
@@ -285,7 +288,7 @@ class TileSums(Node):
     sub_size: int
     offset: int
     slot: int
-    CHILDREN: ClassVar = ("x_start", "rows", "scales_start", "min_start")
+    CHILDREN: ClassVar = ("x_start", "rows", "start", "scales_start", "min_start")
 
 
 STATEMENTS = (Loop, Store, AccInit, AccUpdate, Prefetch, UnpackBytes, TileSums)
@@ -449,7 +452,8 @@ def format_stmts(body, indent: int = 0) -> list[str]:
         elif isinstance(s, TileSums):
             mins = f", {s.mins}" if s.mins else ""
             lines.append(f"{pad}{s.sums}{mins}: i32[rows x {s.supers} x 16] = tile sums of {s.x}[{format_expr(s.x_start)}.., "
-                         f"{format_expr(s.rows)} rows] by {s.local}, {s.scales}[{format_expr(s.scales_start)}..]"
+                         f"{format_expr(s.rows)} rows] by {s.param}[{format_expr(s.start)}..] in {s.bits} bits, "
+                         f"{s.scales}[{format_expr(s.scales_start)}..]"
                          + (f", {s.min_param}[{format_expr(s.min_start)}..]" if s.min_param else ""))
         else:
             raise TypeError(f"not a loop-IR statement: {s!r}")

@@ -9,7 +9,9 @@ over the whole super-block (runtime/nc_amx.h: the sub-scales moved into the weig
 arrays the row tiles read instead of summing (ir.TileSums). The integers are the definition's
 exactly, and the float step, its order and the epilogue are untouched: the outputs are the same
 bits (docs/results/phase19.md). Only the copy of `at` over the rebuilt bytes changes; the rows
-Unpack leaves to the narrow storage (a decode step, a lone row) sum as before."""
+Unpack leaves to the narrow storage (a decode step, a lone row) sum as before. The helper rebuilds
+the narrow bytes itself, a super-block at a time, so Unpack's column block of bytes goes where
+nothing else reads it."""
 from __future__ import annotations
 
 from ..loopir.affine import build, linear
@@ -126,8 +128,8 @@ def amx_sums(k: Kernel, d: AmxSums) -> tuple:
     sums_name = f"{d.param}_sums"
     mins_name = f"{d.param}_mins" if mins_of else ""
     rows = Bin("*", at.extent, IConst(tile))
-    fills = TileSums(sums_name, mins_name, x_param, build(x_base, 0), x_stride, rows, n_super, local, scales,
-                     scales_start, min_param, min_start, sub_size, offset, slot)
+    fills = TileSums(sums_name, mins_name, x_param, build(x_base, 0), x_stride, rows, n_super, fill.param, fill.start,
+                     fill.bits, scales, scales_start, min_param, min_start, sub_size, offset, slot)
 
     def read(array, name):  # the row's vector of sums for super-block b
         per_trip, row = rows_of[name]
@@ -151,7 +153,11 @@ def amx_sums(k: Kernel, d: AmxSums) -> tuple:
             body.append(s)
     new_at = at.with_children((at.extent,) + tuple(supers.with_children((supers.extent,) + tuple(body))
                                                    if s is supers else s for s in at.body))
-    return replace(replace(k.body, at, (new_at,)), fill, (fill, fills))
+    out = replace(k.body, at, (new_at,))
+    # the helper rebuilds the bytes a super-block at a time, in L1: the column block's rebuilt
+    # bytes stay only if something else still reads them
+    still_read = any(isinstance(n, Load) and n.param == local for n in walk(out))
+    return replace(out, fill, (fill, fills) if still_read else (fills,))
 
 
 def _sub_loop(lp: Loop, local: str):
