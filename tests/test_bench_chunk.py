@@ -23,7 +23,7 @@ def test_chunk_sizes_that_cannot_be_built_are_refused(chunks, why):
     (["PrefetchNext", "--rounds", "0"], "--rounds and --pp at least 1, --tg and --verify at least 0 (got 0, 512, 16, 0)"),
     (["PrefetchNext", "--verify", "-1"], "--rounds and --pp at least 1, --tg and --verify at least 0 (got 40, 512, 16, -1)"),
     (["PrefetchNext", "--rounds", "x"], "argument --rounds: invalid int value: 'x'"),
-    (["Split"], "argument directive: invalid choice: 'Split' (choose from 'FetchNextBlock', 'PairSums', 'PrefetchNext', 'Unpack')")])
+    (["Split"], "argument directive: invalid choice: 'Split' (choose from 'AmxSums', 'FetchNextBlock', 'PairSums', 'PrefetchNext', 'Unpack')")])
 def test_directive_ab_refuses_what_it_cannot_run(args, why):
     """bench/probes/without.py: rounds below 1, a number that is not one, a directive the recipes
     do not hold: one line, nothing loaded."""
