@@ -259,3 +259,18 @@ int main(void) {{
             assert np.array_equal(out[row], want), (i, n)
             row += 1
     assert row == len(out)
+
+
+@pytest.mark.parametrize("bits, offset", [(8, 0), (8, 128), (4, 8), (5, 16), (6, 32), (4, 0)])
+def test_pack_array_by_slabs_equals_all_at_once(monkeypatch, bits, offset):
+    """pack_array packs a few blocks of rows at a time (a 151936-row embedding's temporaries were
+    four times its size); the bytes are those of one pass over every row, down to an uneven last
+    slab, in every width and with and without an offset."""
+    import nanocompile.schedule.blocking as blocking
+
+    low, high = (-offset, min(127, (1 << bits) - 1 - offset)) if offset or bits == 8 else (0, (1 << bits) - 1)
+    w = np.random.default_rng(bits + offset).integers(low, high + 1, (32 * 7, 128)).astype(np.int8)
+    whole = pack_array(w, 128, 32, 4, offset, bits)
+    monkeypatch.setattr(blocking, "SLAB_ELEMENTS", 3 * 32 * 128)  # slabs of 3 blocks: 3, 3, then 1
+    assert np.array_equal(pack_array(w, 128, 32, 4, offset, bits), whole)
+    assert whole.size == w.size * bits // 8

@@ -11,6 +11,8 @@ vector); the kernel that appends to it then stores in the same layout, element b
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..ir.expr import Expr
@@ -137,10 +139,35 @@ def pack_array(array: np.ndarray, row: int, block: int, group: int = 1, offset: 
     """A row-major weight in the blocked layout Pack(row, block, group, offset, bits) reads:
     [rows / block, row / group, block, group]; with an offset, int8 values v as uint8 v + offset;
     in 4, 5 or 6 bits, those bytes (or without an offset the values, within [0, 2**bits - 1]) as
-    schedule/narrow.py keeps them (flat: bits/8 of the bytes)."""
+    schedule/narrow.py keeps them (flat: bits/8 of the bytes).
+
+    Each block of rows lands in its own span of the result, so the blocks are packed a slab at a
+    time: the temporaries (int16 sums, the transposed copy) stay a few MB where a 151936-row
+    embedding would otherwise hold four of its own size at once."""
     flat = np.ascontiguousarray(array).reshape(-1, row)
     if flat.shape[0] % block or row % group:
         raise ValueError(f"{flat.shape[0]} rows of {row} do not divide into blocks of {block} and groups of {group}")
+    if bits != 8 and bits not in BITS:
+        raise ValueError(f"weights are stored in 8 bits, or in 4, 5 or 6; not {bits}")
+    whole = UNIT // math.gcd(block * row, UNIT)  # blocks per slab: a whole number of narrow units too
+    slab = block * whole * max(1, SLAB_ELEMENTS // (block * row * whole))
+    out = None
+    for start in range(0, flat.shape[0], slab):
+        part = _pack_rows(flat[start:start + slab], row, block, group, offset, bits).reshape(-1)
+        if out is None:
+            per_row = part.size // min(slab, flat.shape[0])
+            out = np.empty(flat.shape[0] * per_row, part.dtype)
+        out[start * per_row:start * per_row + part.size] = part
+    if out is None:  # no rows
+        out = _pack_rows(flat, row, block, group, offset, bits).reshape(-1)
+    return out.reshape(array.shape) if bits == 8 else out
+
+
+SLAB_ELEMENTS = 1 << 22  # weights packed at a time
+
+
+def _pack_rows(flat: np.ndarray, row: int, block: int, group: int, offset: int, bits: int) -> np.ndarray:
+    """pack_array of whole blocks of rows."""
     blocked = np.ascontiguousarray(flat.reshape(-1, block, row // group, group).transpose(0, 2, 1, 3))
     if offset:
         if blocked.dtype != np.int8:
@@ -151,8 +178,6 @@ def pack_array(array: np.ndarray, row: int, block: int, group: int = 1, offset: 
                              f"an unsigned byte")
         blocked = shifted.astype(np.uint8)
     if bits != 8:
-        if bits not in BITS:
-            raise ValueError(f"weights are stored in 8 bits, or in 4, 5 or 6; not {bits}")
         if not offset:  # the int8 values are the stored bytes
             if blocked.dtype != np.int8:
                 raise ValueError(f"weights in {bits} bits are int8, not {blocked.dtype}")
@@ -160,7 +185,7 @@ def pack_array(array: np.ndarray, row: int, block: int, group: int = 1, offset: 
                 raise ValueError(f"int8 values in [{int(blocked.min())}, {int(blocked.max())}] do not fit in {bits} "
                                  f"bits without an offset: they must be within [0, {(1 << bits) - 1}]")
         return narrow_bytes(blocked, bits)
-    return blocked.reshape(array.shape)
+    return blocked
 
 
 PACKABLE_KINDS = ("weight", "state")  # buffer kinds that may be stored in blocks
