@@ -87,7 +87,13 @@ static inline void nc_amx_operands(const int8_t *p, int64_t start, int bits, con
         15, 15, 15, 15, 14, 14, 14, 14, 13, 13, 13, 13, 12, 12, 12, 12, 11, 11, 11, 11, 10, 10, 10, 10,
         9, 9, 9, 9, 8, 8, 8, 8, 7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4,
         3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    const __m512i six_bits = _mm512_set1_epi16(63), off = _mm512_set1_epi16((int16_t)offset);
+    /* byte i of two int16 vectors' low bytes, the first's then the second's (vpermt2b) */
+    const __m512i low_bytes = _mm512_set_epi8(
+        126, 124, 122, 120, 118, 116, 114, 112, 110, 108, 106, 104, 102, 100, 98, 96,
+        94, 92, 90, 88, 86, 84, 82, 80, 78, 76, 74, 72, 70, 68, 66, 64,
+        62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32,
+        30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i six_bits = _mm512_set1_epi8(63), off = _mm512_set1_epi16((int16_t)offset);
     const int units = sub_size / 4;
     for (int s = 0; s < 256 / sub_size; ++s) {
         __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sc + s * 16))));
@@ -100,10 +106,8 @@ static inline void nc_amx_operands(const int8_t *p, int64_t start, int bits, con
             __m512i w_lo = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(v)), off), sc_lo);
             __m512i w_hi = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(v, 1)), off),
                                               sc_hi);
-            __m512i hi = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srai_epi16(w_lo, 6))),
-                                            _mm512_cvtepi16_epi8(_mm512_srai_epi16(w_hi, 6)), 1);
-            __m512i lo = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_and_si512(w_lo, six_bits))),
-                                            _mm512_cvtepi16_epi8(_mm512_and_si512(w_hi, six_bits)), 1);
+            __m512i hi = _mm512_permutex2var_epi8(_mm512_srai_epi16(w_lo, 6), low_bytes, _mm512_srai_epi16(w_hi, 6));
+            __m512i lo = _mm512_and_si512(_mm512_permutex2var_epi8(w_lo, low_bytes, w_hi), six_bits);
             _mm512_store_si512(bhi + u * 64, hi);
             _mm512_store_si512(blo + u * 64, lo);
             if (mn)

@@ -183,6 +183,12 @@ def test_unpack_refuses_what_it_cannot_rebuild_once():
         apply(k, head + (Unpack("p2", "i1"),))
     text = "\n".join(str(d) for d in apply(k, head + tile + (Unpack("p2", "i0o"),)).schedule)
     assert "Unpack(p2, i0o)" in text
+    # a column block deeper than a kernel rebuilds at once: refused once the schedule is complete
+    # (AmxSums, which drops the array, is what makes such an Unpack legal: test_native.py)
+    deep = next(k for k in graph_kernels(projection_graph(16416, 64)).values() if k.op == "block_matmul")
+    with pytest.raises(ScheduleError, match=r"Unpack\(p2\): 262656 bytes rebuilt at once \(at most 262144\)"):
+        apply(deep, (Vectorize("i1", 16), DotProduct("j", 4), Pack("p2", 16416, 16, 4, 16, 5), Pack("p4", 513, 16))
+              + tile + (Unpack("p2", "i0o"),))
 
 
 def test_a_narrow_index_is_split_into_its_unit_and_a_known_half():

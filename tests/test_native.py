@@ -378,12 +378,16 @@ def test_k_formats_run_as_stored_bitwise(tiny_k, monkeypatch):
 @pytest.fixture(scope="module")
 def tiny_k_wide(tmp_path_factory):
     """Laid out as llama.cpp's Q4_K_M lays out a 1.5B (K formats only), 512 wide: every projection
-    spans two super-blocks, so each takes prefill row tiles."""
+    spans two super-blocks, so each takes prefill row tiles. The feed-forward is 16640 wide, so
+    each down projection's column block (16640 inputs of 16 columns, 266 KB) is more than a
+    prefill kernel rebuilds at once, as the 7B shape's (18944) is; layer 0's is Q4_K, layer 1's
+    Q6_K (Q4_K_M alternates them)."""
     from nanocompile.models import load_model
 
     d = tmp_path_factory.mktemp("k_wide")
-    cfg = tiny_config(hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=512, layers=2, vocab=300)
-    path = write_gguf(d / "k.gguf", cfg, random_weights(cfg, seed=33), tensor_types=k_embedding_types(cfg, "Q4_K", "Q6_K"))
+    cfg = tiny_config(hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=16640, layers=2, vocab=300)
+    types = {**k_embedding_types(cfg, "Q4_K", "Q6_K"), "model.layers.0.mlp.down_proj.weight": "Q4_K"}
+    path = write_gguf(d / "k.gguf", cfg, random_weights(cfg, seed=33), tensor_types=types)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NANOCOMPILE_CACHE", str(d / "cache"))
         return load_model(path, progress=False), d / "cache"
@@ -406,6 +410,9 @@ def test_k_format_tile_sums_are_bitwise_at_every_row_count(tiny_k_wide, monkeypa
     source = (compiled.lib.path.parent / "model.c").read_text()
     calls = re.findall(r"nc_tile_sums\((\w+), (\w+), .*, (\d+), (\d+)\);", source)
     assert {(mins != "NULL", int(size), int(offset)) for _, mins, size, offset in calls} == {(True, 32, 0), (False, 16, 32)}
+    # the down projections too, though their column blocks are too deep to rebuild whole
+    deep = set(re.findall(r"nc_tile_sums\(\w+, (\w+), \w+, 16640,", source))
+    assert len(deep) == 2 and "NULL" in deep, deep  # Q4_K with its mins, Q6_K without
     assert re.search(r"void matmul2_\w+\(", source) and "nc_dot4u4_16(" in source  # decode rows: as before
     rng = np.random.default_rng(8)
     for rows in (9, 16, 24, 41, 72, 96):

@@ -14,7 +14,7 @@ from .lanes import lane_reduce
 from .loops import check_chunks, parallel, reorder, split, unroll, unroll_jam
 from .pairs import pair_sums
 from .prefetch import fetch_next_block, prefetch_next
-from .unpack import unpack
+from .unpack import check_unpacked, unpack
 from .tiles import amx_sums
 from .vector import check_lanes, vectorize
 
@@ -34,6 +34,7 @@ def apply(k: Kernel, schedule) -> Kernel:
         current = dataclasses.replace(current, body=rule(current, d))
     check_lanes(current)
     check_chunks(current)
+    check_unpacked(current)
     return dataclasses.replace(current, schedule=tuple(schedule), lowered=k.lowered or k.body)
 
 

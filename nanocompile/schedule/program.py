@@ -13,7 +13,7 @@ import hashlib
 from ..loopir.ir import Kernel, format_kernel
 from .apply import apply, first_legal, is_legal
 from .blocking import weight_layouts
-from .directives import AmxSums, Pack, Unpack
+from .directives import AmxSums, Pack, Reorder, Split, Unpack
 from .recipes import NARROW_LANES, default_schedule
 
 
@@ -188,11 +188,29 @@ def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=No
 
 
 def with_tile_sums(k: Kernel, schedule) -> tuple:
-    """The schedule with AmxSums after each of its Unpacks where that applies (schedule/tiles.py)."""
+    """The schedule with AmxSums after each of its Unpacks where that applies (schedule/tiles.py),
+    and with Unpack and AmxSums for a weight kept narrow whose column block the recipe did not
+    rebuild for its size (the 7B shape's down projection, 18944 inputs: AmxSums rebuilds a
+    super-block at a time, so the column block's bytes are never held)."""
     schedule = tuple(schedule)
-    for d in schedule:
-        if isinstance(d, Unpack) and not any(isinstance(e, AmxSums) and e.param == d.param for e in schedule):
-            tried = schedule + (AmxSums(d.param, d.at),)
+    unpacked = {d.param: d.at for d in schedule if isinstance(d, Unpack)}
+    tiled = _row_tile_loop(schedule)
+    if tiled:
+        for d in schedule:
+            if isinstance(d, Pack) and d.bits != 8 and d.param not in unpacked:
+                tried = schedule + (Unpack(d.param, tiled), AmxSums(d.param, tiled))
+                if is_legal(k, tried):
+                    schedule = tried
+    for param, at in unpacked.items():
+        if not any(isinstance(e, AmxSums) and e.param == param for e in schedule):
+            tried = schedule + (AmxSums(param, at),)
             if is_legal(k, tried):
                 schedule = tried
     return schedule
+
+
+def _row_tile_loop(schedule) -> str | None:
+    """The loop over a projection's row tiles, as the recipes name it: the rows, ordered outside
+    the columns, split into tiles (recipes._quantized_projection)."""
+    outer = {d.outer for d in schedule if isinstance(d, Reorder)}
+    return next((f"{d.loop}o" for d in schedule if isinstance(d, Split) and d.loop in outer), None)
