@@ -66,6 +66,9 @@ def main() -> None:
            {"kind": "tg", "n": args.tg, "start": args.pp, "name": "tg"}]
     spec = {"files": files, "threads": args.threads, "n_ctx": args.pp + args.tg + 8, "vocab": vocab,
             "sequences": [ops]}
+    # an engine named in two pairs runs once a round: a round's ratios are of runs side by side
+    # (before, it ran twice and the pairs' ratios took its runs in turn, out of step with the rounds)
+    distinct = list({e.id: e for e in engines}.values())
     rates = {e.id: {"pp": [], "tg": []} for e in engines}
     rss = {e.id: [] for e in engines}
     first_run_rss, first_run_open = {}, {}
@@ -73,8 +76,8 @@ def main() -> None:
         run = Run(Path(scratch))
         # our first run of a file may pack its weights and build a library; it is run once before
         # the rounds, so they time and measure what every later run does, and its peak is kept apart
-        for e in engines:
-            if e.family == "nanocompile" and e.id not in first_run_rss:
+        for e in distinct:
+            if e.family == "nanocompile":
                 python, env = launch(e)
                 try:
                     out = run_worker(run, "speed", {**spec, "engine": e.id}, args.threads, env, python)
@@ -85,7 +88,7 @@ def main() -> None:
                 print(f"{e.id}'s first run: opened in {out['open_s']:.1f} s (packing and building where the cache "
                       f"had neither)", flush=True)
         for r in range(args.rounds):
-            for e in engines if r % 2 == 0 else engines[::-1]:
+            for e in distinct if r % 2 == 0 else distinct[::-1]:
                 python, env = launch(e)
                 try:
                     out = run_worker(run, "speed", {**spec, "engine": e.id}, args.threads, env, python)
@@ -95,7 +98,7 @@ def main() -> None:
                     rates[e.id][test].append(out["tests"][test]["t_s"])
                 rss[e.id].append(out["process"]["peak_rss_bytes"])
             print(f"round {r}: " + ", ".join(f"{e.id} pp {rates[e.id]['pp'][-1]:.1f} tg {rates[e.id]['tg'][-1]:.2f} t/s"
-                                             for e in engines), flush=True)
+                                             for e in distinct), flush=True)
     result = {"bench": "versus", "model": files["source"], "engines": [e.id for e in engines], "pp": args.pp,
               "tg": args.tg, "rounds": args.rounds, "builds": {e.id: e.build or "this CPU" for e in engines},
               "rates": {e: {t: summary(v) for t, v in by.items()} for e, by in rates.items()},
