@@ -172,17 +172,5 @@ def open_packed(layout_hash: str, weights_bytes: int, graph: str, weights, sourc
         finally:
             if bar:
                 bar.close()
-        give_back_freed_memory()
     return dest, map_weights(dest), True
 
-
-def give_back_freed_memory() -> None:
-    """Packing frees its temporaries into malloc's arenas, which keep some (about 60 MB after the
-    3B shape's); the run that follows would carry them in its resident size. glibc only."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
