@@ -173,4 +173,3 @@ def open_packed(layout_hash: str, weights_bytes: int, graph: str, weights, sourc
             if bar:
                 bar.close()
     return dest, map_weights(dest), True
-

@@ -151,15 +151,14 @@ def pack_array(array: np.ndarray, row: int, block: int, group: int = 1, offset: 
         raise ValueError(f"weights are stored in 8 bits, or in 4, 5 or 6; not {bits}")
     whole = UNIT // math.gcd(block * row, UNIT)  # blocks per slab: a whole number of narrow units too
     slab = block * whole * max(1, SLAB_ELEMENTS // (block * row * whole))
-    out = None
-    for start in range(0, flat.shape[0], slab):
-        part = _pack_rows(flat[start:start + slab], row, block, group, offset, bits).reshape(-1)
-        if out is None:
-            per_row = part.size // min(slab, flat.shape[0])
-            out = np.empty(flat.shape[0] * per_row, part.dtype)
-        out[start * per_row:start * per_row + part.size] = part
-    if out is None:  # no rows
-        out = _pack_rows(flat, row, block, group, offset, bits).reshape(-1)
+    out = _pack_rows(flat[:slab], row, block, group, offset, bits).reshape(-1)
+    if flat.shape[0] > slab:
+        per_row = out.size // slab
+        first, out = out, np.empty(flat.shape[0] * per_row, out.dtype)
+        out[:first.size] = first
+        for start in range(slab, flat.shape[0], slab):
+            part = _pack_rows(flat[start:start + slab], row, block, group, offset, bits).reshape(-1)
+            out[start * per_row:start * per_row + part.size] = part
     return out.reshape(array.shape) if bits == 8 else out
 
 

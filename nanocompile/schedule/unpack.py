@@ -66,7 +66,7 @@ def unpack(k: Kernel, d: Unpack) -> tuple:
     low = min(s[0] for s in spans)
     count = max(s[1] for s in spans) - low
     if low % read:
-        raise ScheduleError(f"{k.name}: {d}: {count} bytes from {low} (from a multiple of {read})")
+        raise ScheduleError(f"{k.name}: {d}: its bytes start at {low}, not a multiple of {read}")
     local = f"{d.param}_bytes"
 
     def moved(n):  # a dot product reading the weight reads the local array instead
