@@ -31,6 +31,15 @@ int nc_check_cpu(char *error, uint64_t error_size);
 /* n >= 1 as is; 0: the online cores; negative: -1. */
 int nc_resolve_threads(int32_t n);
 
+/* The rows of each slice of a call over `rows` rows taken at most `most` at a time
+ * (schedule.directives.RowSlices): equal slices, rounded up to whole 16-row tiles; rows >= 1. */
+static inline int64_t nc_slice_rows(int64_t rows, int64_t most)
+{
+    const int64_t slices = (rows + most - 1) / most, each = (rows + slices - 1) / slices;
+    const int64_t tiled = (each + 15) / 16 * 16;
+    return tiled < most ? tiled : most;
+}
+
 /* max(acc, v) that propagates NaN from either side, as NumPy's max does. */
 static inline float nc_max_nan(float acc, float v)
 {

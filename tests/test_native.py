@@ -413,9 +413,16 @@ def test_k_format_tile_sums_are_bitwise_at_every_row_count(tiny_k_wide, monkeypa
     # the down projections too, though their column blocks are too deep to rebuild whole
     deep = set(re.findall(r"nc_tile_sums\(\w+, (\w+), \w+, 16640,", source))
     assert len(deep) == 2 and "NULL" in deep, deep  # Q4_K with its mins, Q6_K without
+    # their calls take a chunk's rows in slices whose activations and sums stay in L2 (RowSlices):
+    # 16640 + 65 super-blocks' I and M (Q4_K) a row fit 48 rows, Q6_K's I alone 64; nothing else slices
+    sliced = dict(re.findall(r"for \(int64_t s0 = 0, n = nc_slice_rows\(seq, (\d+)\);.*\n\s+(\w+)\(", source))
+    assert set(sliced) == {"48", "64"}, sliced
+    for most, name in sliced.items():
+        body = source[source.index(f"static void {name}("):]
+        assert re.search(r"nc_tile_sums\(\w+, \w+, \w+, 16640,", body[:body.index("\n}\n")]), (most, name)
     assert re.search(r"void matmul2_\w+\(", source) and "nc_dot4u4_16(" in source  # decode rows: as before
     rng = np.random.default_rng(8)
-    for rows in (9, 16, 24, 41, 72, 96):
+    for rows in (9, 16, 24, 41, 72, 96):  # 72 and 96: the deep calls in two slices
         ids = [int(t) for t in rng.integers(0, model.config.vocab_size, rows)]
         for s in (compiled, interp):
             s.reset()
@@ -424,6 +431,15 @@ def test_k_format_tile_sums_are_bitwise_at_every_row_count(tiny_k_wide, monkeypa
         for layer in range(model.config.num_hidden_layers):
             for a, kv in zip(compiled.read_cache(layer), "kv"):
                 assert same_bits(a, interp.cache[f"cache.{layer}.{kv}"][..., :rows + 1, :]), (rows, layer, kv)
+    # a batched step's 40 + 50 rows: the deep calls slice rows of both sequences together
+    prompts = [[int(t) for t in rng.integers(0, model.config.vocab_size, n)] for n in (40, 50)]
+    sequences = compiled.sequences(2)
+    for s in sequences:
+        s.reset()
+    got = compiled.step_batch([(s, ids, True) for s, ids in zip(sequences, prompts)])
+    for logits, ids in zip(got, prompts):
+        interp.reset()
+        assert same_bits(logits, interp.step(ids, all_logits=True)), len(ids)
 
 
 # an embedding in a K format, tied and untied -------------------------------------------------------

@@ -44,7 +44,7 @@ def recipes_without(kind: type):
 
     recipes._candidates = less
     if kind is AmxSums:  # added after the recipes where the target has AMX (schedule_program)
-        program.with_tile_sums = lambda k, schedule: tuple(schedule)
+        program.with_tile_sums = lambda k, schedule, max_rows=0: tuple(schedule)
     try:
         yield
     finally:

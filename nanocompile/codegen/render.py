@@ -12,6 +12,7 @@ import jinja2
 
 from ..ir.signature import identifier
 from ..loopir.ir import DTYPE_BYTES, Load, Poly, format_kernel
+from ..loopir.segments import per_sequence
 from ..loopir.traverse import loops, walk
 from ..target import compiler_flags
 from .cexpr import C_TYPES, float_literal, statements
@@ -79,8 +80,8 @@ def _variant_data(module: Module, name: str, args: Arguments) -> dict:
         arena.append({"name": b.name, "ctype": C_TYPES[b.dtype], "offset": slot.offset,
                       "note": f"{b.note}, {slot.size} bytes at most, calls {slot.first}..{slot.last}"})
     kernel_ids = {name: i for i, name in enumerate(module.kernels)}
-    calls = [{"kernel": c.kernel, "kernel_id": kernel_ids[c.kernel], "args": [args(a) for a in c.args]}
-             for c in prog.calls]
+    calls = [{"kernel": c.kernel, "kernel_id": kernel_ids[c.kernel], "args": [args(a) for a in c.args],
+              **_slices(module, prog, i, args)} for i, c in enumerate(prog.calls)]
     return {"name": name, "arena": arena, "calls": calls, "arena_bytes": plan.arena_bytes,
             "has_output": any(b.kind == "output" for b in prog.buffers.values())}
 
@@ -113,7 +114,8 @@ def _batch_data(module: Module, args: Arguments) -> dict | None:
         return args(name)
 
     calls = [{"kernel": c.kernel, "kernel_id": kernel_ids[c.kernel], "group": group_of.get(i, -1),
-              "args": [segment_arg(a) if i in group_of else args(a) for a in c.args]}
+              "args": [segment_arg(a) if i in group_of else args(a) for a in c.args],
+              **_slices(module, prog, i, args, grouped=i in group_of)}
              for i, c in enumerate(prog.calls)]
     compact = _compaction(prog, plan, module.batch_groups)
     return {"arena": arena, "calls": calls, "arena_bytes": plan.arena_bytes,
@@ -122,6 +124,26 @@ def _batch_data(module: Module, args: Arguments) -> dict | None:
                            "bytes": f"({prog.buffers[n].size}) * {DTYPE_BYTES[prog.buffers[n].dtype]}"}
                           for n in scattered],
             "compact_at": compact[0] if compact else len(prog.calls), "compact": compact[1] if compact else []}
+
+
+def _slices(module: Module, prog, index: int, args: Arguments, grouped: bool = False) -> dict:
+    """How call `index` runs in slices of rows (schedule.directives.RowSlices): the most rows a
+    slice takes (0: the call runs whole) and its arguments from the slice's first row, s0. Whole
+    where the call computes for one sequence or a buffer it passes is not stored row by row."""
+    call = prog.calls[index]
+    most = module.kernels[call.kernel].row_slice
+    if not most or grouped or per_sequence(prog, index):
+        return {"slice": 0}
+    sliced = []
+    for a in call.args:
+        b = prog.buffers[a]
+        if b.kind in ("weight", "const"):
+            sliced.append(args(a))
+        elif b.row_size:
+            sliced.append(f"{args(a)} + s0 * {b.row_size}")
+        else:
+            return {"slice": 0}
+    return {"slice": most, "slice_args": sliced}
 
 
 def _group_of_buffer(prog, name: str, group_of: dict) -> int:

@@ -91,7 +91,8 @@ def run_schedule(c: Compilation) -> None:
     storage = {name: (bits, offset) for name, bits, offset in c.options.narrow}
     narrow = {weight_buffer(w.cname): storage[w.name] for w in c.signature.weights if w.name in storage}
     c.packed = schedule_program(c.kernels, c.programs.values(), c.lanes, c.options.choose, tuned_map(c.options.tuned),
-                                dot_weight_offset(c.options.march), narrow, tiles=has_amx(c.options.march))
+                                dot_weight_offset(c.options.march), narrow, tiles=has_amx(c.options.march),
+                                max_rows=c.options.max_chunk)
 
 
 def run_memory(c: Compilation) -> None:

@@ -318,6 +318,8 @@ class Kernel:
     # (activations, count, sums): parameter `sums` holds the int8 parameter `activations`' sums over
     # each run of `count` elements (a matmul's xs operand), element i at i / count
     sums: tuple = ()
+    # a call over more rows runs as slices of at most this many (schedule.directives.RowSlices); 0: whole
+    row_slice: int = 0
 
     def key(self) -> tuple:
         """Two kernels with equal keys compute the same thing: one C function serves both."""

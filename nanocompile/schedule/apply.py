@@ -7,13 +7,14 @@ import dataclasses
 from ..loopir.ir import Kernel
 from .blocking import pack
 from .bytesums import byte_sums
-from .directives import (AmxSums, ByteSums, DotProduct, FetchNextBlock, LaneReduce, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split,
-                         Unpack, Unroll, UnrollJam, Vectorize)
+from .directives import (AmxSums, ByteSums, DotProduct, FetchNextBlock, LaneReduce, Pack, PairSums, Parallel,
+                         PrefetchNext, Reorder, RowSlices, ScheduleError, Split, Unpack, Unroll, UnrollJam, Vectorize)
 from .dot import dot_product
 from .lanes import lane_reduce
 from .loops import check_chunks, parallel, reorder, split, unroll, unroll_jam
 from .pairs import pair_sums
 from .prefetch import fetch_next_block, prefetch_next
+from .slices import row_slices
 from .unpack import check_unpacked, unpack
 from .tiles import amx_sums
 from .vector import check_lanes, vectorize
@@ -28,6 +29,9 @@ def apply(k: Kernel, schedule) -> Kernel:
     """The kernel with the schedule's directives applied, in order."""
     current = k
     for d in schedule:
+        if isinstance(d, RowSlices):  # how the calls run, not the body
+            current = dataclasses.replace(current, row_slice=row_slices(current, d))
+            continue
         rule = RULES.get(type(d))
         if rule is None:
             raise ScheduleError(f"unknown schedule directive {d!r}")

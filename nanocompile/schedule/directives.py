@@ -178,6 +178,20 @@ class AmxSums:
 
 
 @dataclass(frozen=True)
+class RowSlices:
+    """Run a call over more than `rows` rows as consecutive calls over slices of at most `rows`
+    (equal slices, whole 16-row tiles where the rows allow), each with its row-stored buffers
+    offset to the slice's first row. Where each column block reads every row's activations (AMX
+    tile sums over a deep projection), a slice's activations and sums stay in L2 from one column
+    block to the next. A row's numbers do not depend on the rows beside it, so no value changes;
+    only a kernel that reads no past may take it."""
+    rows: int
+
+    def __str__(self) -> str:
+        return f"RowSlices({self.rows})"
+
+
+@dataclass(frozen=True)
 class Unpack:
     """Rebuild the bytes of param (a weight Pack keeps in 4-6 bits) that the dot products inside
     loop `at` read, once, before it, into a local array they then read in 8 bits: a prefill

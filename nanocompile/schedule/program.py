@@ -13,8 +13,9 @@ import hashlib
 from ..loopir.ir import Kernel, format_kernel
 from .apply import apply, first_legal, is_legal
 from .blocking import weight_layouts
-from .directives import AmxSums, Pack, Reorder, Split, Unpack
+from .directives import AmxSums, Pack, Reorder, RowSlices, Split, Unpack
 from .recipes import NARROW_LANES, default_schedule
+from .tiles import tile_sums_rows
 
 
 def weight_params(kernels: dict[str, Kernel], programs, kind: str = "weight") -> dict[str, frozenset]:
@@ -122,7 +123,8 @@ def _first_schedules(kernels, programs, lanes, choose, tuned, weights, state, un
 
 def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=None,
                      tuned: dict | None = None, dot_offset: int = 0,
-                     narrow: dict | None = None, tiles: bool = False) -> dict[str, tuple[int, int]]:
+                     narrow: dict | None = None, tiles: bool = False,
+                     max_rows: int = 0) -> dict[str, tuple[int, int]]:
     """Schedules every kernel in place; returns buffer -> (row, block) for the packed weights.
     choose(kernel) -> directives replaces the recipes (tests use it to try other schedules);
     tuned maps kernel_digest() to a schedule measured on this machine and the recipe it was
@@ -132,7 +134,8 @@ def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=No
     embedding's gather does not: such a buffer stays 8-bit); a kernel called on weights stored
     differently is split first (split_by_storage); tiles: the target has AMX, and every Unpack of a
     superblock projection in a recipe or measured schedule is followed by AmxSums where it applies
-    (schedule/tiles.py)."""
+    (schedule/tiles.py), and by RowSlices where a call of max_rows rows (the largest chunk) would
+    overflow L2 with its tile sums' activations."""
     programs = list(programs)
     narrow = dict(narrow or {}) if lanes in NARROW_LANES else {}  # scalar code reads every weight in 8 bits
     split_by_storage(kernels, programs, narrow)
@@ -179,7 +182,7 @@ def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=No
             narrow.pop(buffer, None)
     packed = layouts(strict=True)  # raises if a parameter is bound to a packed and an unpacked weight
     if tiles and choose is None:  # the recipes' and measured schedules; a chosen one is as given
-        schedules = {name: with_tile_sums(kernels[name], s) for name, s in schedules.items()}
+        schedules = {name: with_tile_sums(kernels[name], s, max_rows) for name, s in schedules.items()}
     for name, k in list(kernels.items()):
         kernels[name] = apply(k, schedules[name])
     for prog in programs:
@@ -187,11 +190,12 @@ def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=No
     return packed
 
 
-def with_tile_sums(k: Kernel, schedule) -> tuple:
+def with_tile_sums(k: Kernel, schedule, max_rows: int = 0) -> tuple:
     """The schedule with AmxSums after each of its Unpacks where that applies (schedule/tiles.py),
     and with Unpack and AmxSums for a weight kept narrow whose column block the recipe did not
     rebuild for its size (the 7B shape's down projection, 18944 inputs: AmxSums rebuilds a
-    super-block at a time, so the column block's bytes are never held)."""
+    super-block at a time, so the column block's bytes are never held); then RowSlices where
+    fewer rows than max_rows keep the sums' activations in L2 (the same down projection)."""
     schedule = tuple(schedule)
     unpacked = {d.param: d.at for d in schedule if isinstance(d, Unpack)}
     tiled = _row_tile_loop(schedule)
@@ -206,6 +210,9 @@ def with_tile_sums(k: Kernel, schedule) -> tuple:
             tried = schedule + (AmxSums(param, at),)
             if is_legal(k, tried):
                 schedule = tried
+    rows = tile_sums_rows(apply(k, schedule)) if any(isinstance(e, AmxSums) for e in schedule) else 0
+    if 0 < rows < max_rows and is_legal(k, schedule + (RowSlices(rows),)):
+        schedule += (RowSlices(rows),)
     return schedule
 
 

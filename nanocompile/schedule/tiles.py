@@ -22,6 +22,13 @@ from .directives import AmxSums, ScheduleError
 
 SUPER = 256  # inputs a super-block holds
 UNIT = 64    # bytes of a rebuilt unit: 4 inputs of 16 columns (AMX's B layout)
+# Each column block's tile sums read every row's activations and write every row's sums; past
+# about this many bytes of both they no longer stay in the 2 MiB L2 of an AMX core from one column
+# block to the next. Measured on the 7B shape's down projections (18944 inputs, 1.36 MB a 48-row
+# slice with Q4_K's mins): per row, 48-row calls took 0.69x the time of 96-row calls, 32-row ones
+# 0.80x (docs/results/phase19.md).
+SLICE_BYTES = 1400 * 1024
+TILE = 16  # rows of an AMX tile
 
 
 def amx_sums(k: Kernel, d: AmxSums) -> tuple:
@@ -223,3 +230,12 @@ def _without(lp: Loop, names: set):
                 continue
         body.append(s)
     return lp.with_children((lp.extent,) + tuple(body)) if body else None
+
+
+def tile_sums_rows(k: Kernel) -> int:
+    """The most rows, whole tiles, whose activations and tile sums fit SLICE_BYTES in every
+    TileSums of k (its calls' RowSlices); 0 if k has none."""
+    per_row = [s.x_stride + s.supers * 16 * 4 * (2 if s.mins else 1) for s in walk(k.body) if isinstance(s, TileSums)]
+    if not per_row:
+        return 0
+    return max(TILE, SLICE_BYTES // max(per_row) // TILE * TILE)
