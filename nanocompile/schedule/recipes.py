@@ -78,10 +78,17 @@ NARROW_TILES = {16: (8, 32, (1,))}
 # half the columns and twice the rows. The default model's down projection (4864 long): 4 vectors
 # (1.2 MiB) -> 2 vectors x 12 rows, measured in the model's prefill profile (docs/SCHEDULES.md).
 PANEL_BYTES = 768 * 1024
-SUPERBLOCK_BUDGET = {16: 24, 8: 8}  # registers for a superblock projection's long-lived sums, by lanes
+# registers for a superblock projection's long-lived sums, by lanes. At 8 lanes the budget is over
+# the 16 registers: the int32 super-block sums the compiler keeps in memory are touched once a
+# sub-block, while a second row tile halves the column block's loads. With one column vector a
+# block (SUPERBLOCK_COLUMNS) the 1.5B SwiGLU pair's two unpacked weights take 24 KB, inside a
+# Zen core's 32 KB L1, against 48 KB for two vectors, streamed from L2 for every row. The 1.5B
+# shape at x86-64-v3 on a Zen 4, 384-row prefill: the pair 2575 -> 1965 ms (4 rows x 1 vector
+# against 1 x 2), the whole prefill 1.10x over 11 alternated rounds (phase19.md)
+SUPERBLOCK_BUDGET = {16: 24, 8: 24}
 NARROW_LANES = (8, 16)  # weights in 4-6 bits: read by 8- and 16-lane dot products (schedule/narrow.py)
 SUPERBLOCK_ROWS = 8  # the most rows a superblock projection's tile holds
-SUPERBLOCK_COLUMNS = {16: (1, 2, 4), 8: (2, 4, 1)}  # column vectors per tile, in the order tried
+SUPERBLOCK_COLUMNS = {16: (1, 2, 4), 8: (1, 2, 4)}  # column vectors per tile, in the order tried
 ATTENTION_ROWS = 8  # query rows unrolled and jammed in attention when they are not a multiple of a group
 SCORE_VECTORS = 4   # vectors of keys per block of stored keys (independent sums in attention's scores)
 
@@ -201,8 +208,7 @@ def _superblock_projection(k: Kernel, col: Loop, row, supers: Loop, subs: Loop, 
     sums = sum(1 for s in col.body + supers.body if isinstance(s, AccInit))
     for columns in SUPERBLOCK_COLUMNS[lanes]:
         # at least one row inside the columns: each column block's weights read by every row of
-        # a prefill chunk from L1 or L2, not once per row from memory (a Q4_K block at 8 lanes has
-        # room for one row of its three sums)
+        # a prefill chunk from L1 or L2, not once per row from memory
         rows = max(1, min(SUPERBLOCK_ROWS, budget // (columns * sums)))
         if row is not None and not isinstance(row.extent, IConst):
             yield superblock_projection(col, row, supers, subs, products, lanes, *operands, dot_offset, columns, rows,
