@@ -80,15 +80,15 @@ NARROW_TILES = {16: (8, 32, (1,))}
 PANEL_BYTES = 768 * 1024
 # registers for a superblock projection's long-lived sums, by lanes. At 8 lanes the budget is over
 # the 16 registers: the int32 super-block sums the compiler keeps in memory are touched once a
-# sub-block, while a second row tile halves the column block's loads. With one column vector a
-# block (SUPERBLOCK_COLUMNS) the 1.5B SwiGLU pair's two unpacked weights take 24 KB, inside a
-# Zen core's 32 KB L1, against 48 KB for two vectors, streamed from L2 for every row. The 1.5B
-# shape at x86-64-v3 on a Zen 4, 384-row prefill: the pair 2575 -> 1965 ms (4 rows x 1 vector
-# against 1 x 2), the whole prefill 1.10x over 11 alternated rounds (phase19.md)
+# sub-block, while each further row of a tile shares the column block's weight loads. The 1.5B
+# shape at x86-64-v3 on a Zen 4 (384-row prefill, per-kernel profile): with 8 the SwiGLU pair had
+# one row of two column vectors; with 24 it has two rows, the single projections four, and the
+# prefill ran 1.10-1.25x in alternated rounds; one column vector of 4-8 rows (the pair's weights
+# inside L1) was no faster for the pair and slower for the rest (phase19.md)
 SUPERBLOCK_BUDGET = {16: 24, 8: 24}
 NARROW_LANES = (8, 16)  # weights in 4-6 bits: read by 8- and 16-lane dot products (schedule/narrow.py)
 SUPERBLOCK_ROWS = 8  # the most rows a superblock projection's tile holds
-SUPERBLOCK_COLUMNS = {16: (1, 2, 4), 8: (1, 2, 4)}  # column vectors per tile, in the order tried
+SUPERBLOCK_COLUMNS = {16: (1, 2, 4), 8: (2, 4, 1)}  # column vectors per tile, in the order tried
 ATTENTION_ROWS = 8  # query rows unrolled and jammed in attention when they are not a multiple of a group
 SCORE_VECTORS = 4   # vectors of keys per block of stored keys (independent sums in attention's scores)
 
