@@ -1,5 +1,5 @@
-"""bench/probes/chunk.py, bench/probes/without.py and bench/support/siblings.py refuse arguments
-they cannot run in one line, before loading anything."""
+"""bench/probes/chunk.py, bench/probes/without.py, bench/probes/superblock_tile.py and
+bench/support/siblings.py refuse arguments they cannot run in one line, before loading anything."""
 import os
 import subprocess
 import sys
@@ -62,3 +62,15 @@ def test_siblings_refuse_a_size_or_thread_count_they_cannot_make(args, why, tmp_
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == f"python -m bench.support.siblings: error: {why}"
     assert not (tmp_path / "siblings").exists()
+
+
+@pytest.mark.parametrize("args, why", [
+    (["--variants", "2:8,2:x"], "'2:x': a variant is COLUMNS:BUDGET, two whole numbers"),
+    (["--variants", "0:24"], "'0:24': columns and budget at least 1"),
+    (["--rounds", "0"], "--rounds and --pp at least 1, --tg and --verify at least 0"),
+])
+def test_superblock_tile_ab_refuses_what_it_cannot_run(args, why):
+    r = subprocess.run([sys.executable, "-m", "bench.probes.superblock_tile", *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == f"superblock_tile.py: error: {why}"

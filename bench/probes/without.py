@@ -54,12 +54,18 @@ def recipes_without(kind: type):
 def library_less(model, kind: type, precision: str, march: str | None) -> tuple:
     """(library path, manifest, prompt chunk) of the model compiled by the recipes less `kind`,
     built in a temporary directory (never recorded in the cache under the recipes' key)."""
+    return library_apart(model, precision, march, recipes_without(kind))
+
+
+def library_apart(model, precision: str, march: str | None, recipes) -> tuple:
+    """(library path, manifest, prompt chunk) of the model compiled while the context manager
+    `recipes` changes the recipes, built in a temporary directory outside the cache."""
     from nanocompile.codegen.render import render_tree
     from nanocompile.codegen.tree import write_tree
     from nanocompile.compiler.build import cmake_build
     from nanocompile.engine.open import open_model
 
-    with recipes_without(kind):
+    with recipes:
         module = open_model(model, precision, march, tuned=False).compile(out=lambda _: None)
     d = Path(tempfile.mkdtemp(prefix="nc-without-"))
     write_tree(module, d / "tree")

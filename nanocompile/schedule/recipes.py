@@ -83,8 +83,9 @@ PANEL_BYTES = 768 * 1024
 # sub-block, while each further row of a tile shares the column block's weight loads. The 1.5B
 # shape at x86-64-v3 on a Zen 4 (384-row prefill, per-kernel profile): with 8 the SwiGLU pair had
 # one row of two column vectors; with 24 it has two rows, the single projections four, and the
-# prefill ran 1.10-1.25x in alternated rounds; one column vector of 4-8 rows (the pair's weights
-# inside L1) was no faster for the pair and slower for the rest (phase19.md)
+# prefill ran 1.17x, decode 1.00x (bench.probes.superblock_tile, 5 rounds); one column vector of
+# 4-8 rows (the pair's weights inside L1) was no faster for the pair and slower for the rest in
+# the per-kernel profile (phase19.md)
 SUPERBLOCK_BUDGET = {16: 24, 8: 24}
 NARROW_LANES = (8, 16)  # weights in 4-6 bits: read by 8- and 16-lane dot products (schedule/narrow.py)
 SUPERBLOCK_ROWS = 8  # the most rows a superblock projection's tile holds
