@@ -1,5 +1,6 @@
-"""bench/probes/chunk.py, bench/probes/without.py, bench/probes/superblock_tile.py and
-bench/support/siblings.py refuse arguments they cannot run in one line, before loading anything."""
+"""bench/probes/chunk.py, bench/probes/without.py, bench/probes/superblock_tile.py,
+bench/probes/setting.py and bench/support/siblings.py refuse arguments they cannot run in one
+line, before loading anything."""
 import os
 import subprocess
 import sys
@@ -74,3 +75,20 @@ def test_superblock_tile_ab_refuses_what_it_cannot_run(args, why):
                        text=True, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == f"superblock_tile.py: error: {why}"
+
+
+@pytest.mark.parametrize("args, why", [
+    (["MIN_TILES", "2", "3"], "argument setting: 'MIN_TILES': a setting is MODULE:NAME, e.g. "
+                              "nanocompile.schedule.unpack:MIN_TILES"),
+    (["nanocompile.schedule.unpack:MIN_TILES", "{8: 3", "2"], "argument values: '{8: 3': a value is a Python literal "
+                                                              "(a number, a tuple, a dict)"),
+    (["nanocompile.schedule.unpack:MIN_TILES", "2"], "at least two values: the baseline, then the ones to compare "
+                                                     "with it"),
+    (["nanocompile.schedule.nowhere:MIN_TILES", "2", "3"], "no module nanocompile.schedule.nowhere"),
+    (["nanocompile.schedule.unpack:MAX_TILES", "2", "3"], "nanocompile.schedule.unpack has no MAX_TILES"),
+])
+def test_setting_ab_refuses_what_it_cannot_run(args, why):
+    r = subprocess.run([sys.executable, "-m", "bench.probes.setting", *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == f"setting.py: error: {why}"

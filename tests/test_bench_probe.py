@@ -1,5 +1,5 @@
-"""bench/probes/machine.c (the machine probe) builds at every x86-64 level the project meets (AVX2 with and without AVX-VNNI,
-AVX-512 with and without VNNI): the AVX-512 and VNNI parts compile only where the level has them."""
+"""bench/probes/machine.c (the machine probe) and dot_steps.c build at every x86-64 level the project meets (AVX2 with
+and without AVX-VNNI, AVX-512 with and without VNNI): the AVX-512 and VNNI parts compile only where the level has them."""
 import shutil
 import subprocess
 import sys
@@ -22,6 +22,35 @@ def test_probe_builds_without_warnings(level, tmp_path):
     r = subprocess.run([cc, "-O2", "-Wall", "-Werror", "-ffp-contract=off", "-pthread", *LEVELS[level], str(PROBE),
                         "-o", str(tmp_path / "probe"), "-lm"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("level", sorted(LEVELS))
+def test_dot_steps_probe_builds_without_warnings(level, tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler on this machine")
+    r = subprocess.run([cc, "-O2", "-Wall", "-Wextra", "-Werror", "-pthread", *LEVELS[level],
+                        str(PROBE.with_name("dot_steps.c")), "-o", str(tmp_path / "dot_steps")], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_dot_steps_probe_reports_every_step_on_this_cpu():
+    """Every mix is timed on this CPU (cycles a step, positive), at one thread and at two; the
+    256-bit vpdpbusd where the CPU has VNNI at 256 bits, null where it has not."""
+    from bench.probes.dot_steps import measure
+
+    from nanocompile.target import cpu_flags
+
+    flags = cpu_flags()
+    vnni = {"avx512_vnni", "avx512vl"} <= flags or "avx_vnni" in flags
+    for threads in (1, 2):
+        r = measure(threads)
+        assert r["threads"] == threads and r["clock_ghz"] > 0.1
+        steps = r["cycles_per_step"]
+        assert set(steps) == {"signed", "unsigned", "pairs", "int16", "vpmaddubsw", "vpsignb", "vpdpbusd_256"}
+        assert all(v > 0 for k, v in steps.items() if k != "vpdpbusd_256")
+        assert (steps["vpdpbusd_256"] is not None) == vnni and (not vnni or steps["vpdpbusd_256"] > 0)
 
 
 AMX_PROBE = PROBE.with_name("amx.c")

@@ -13,7 +13,7 @@ from nanocompile.schedule import DotProduct, Pack, Parallel, ScheduleError, Spli
 from nanocompile.schedule.blocking import pack_array
 from nanocompile.schedule.directives import Reorder, Unpack
 from nanocompile.schedule.narrow import narrow_bytes, widen_bytes
-from nanocompile.schedule.unpack import MIN_TILES
+from nanocompile.schedule.unpack import min_tiles
 from nanocompile.target import vector_lanes
 
 pytestmark = pytest.mark.c
@@ -145,10 +145,11 @@ def test_narrow_bits_are_read_by_vector_dot_products_only():
 @pytest.mark.parametrize("march", ["x86-64-v4+vnni", "x86-64-v3"])
 def test_unpacked_bytes_are_read_by_the_row_tiles_bitwise(march, bits, offset, low, high, columns, rows, monkeypatch):
     """Unpack rebuilds each column block's narrow bytes once before the row tiles (a local
-    array), which then read them in 8 bits (nc_dot4us), when there are at least MIN_TILES tiles;
-    fewer tiles (a 2-3 row step), the tail rows past the last tile and a chunk with no whole tile
-    read the narrow storage. Bitwise at every row count from 1 to 7 (tiles of 2 and 3: 0 to 3
-    tiles, tails of 0, 1 and 2 rows), at 1, 2, 3 and 8 threads, at 16 lanes and 8."""
+    array), which then read them in 8 bits (nc_dot4us), when there are at least min_tiles tiles
+    (2 at 16 lanes, 3 at 8); fewer tiles (a 2-3 row step, an 8-row one at 8 lanes), the tail rows
+    past the last tile and a chunk with no whole tile read the narrow storage. Bitwise at every
+    row count from 1 to 10 (tiles of 2 and 3: 0 to 5 tiles, tails of 0, 1 and 2 rows), at 1, 2, 3
+    and 8 threads, at 16 lanes and 8."""
     use_target(march, monkeypatch)
     lanes = vector_lanes(march)
     g = projection_graph(70, 128)
@@ -163,11 +164,12 @@ def test_unpacked_bytes_are_read_by_the_row_tiles_bitwise(march, bits, offset, l
     assert f"nc_unpack{bits}_{lanes}(" in src and f"nc_dot4us_{lanes}(" in src
     assert calls_narrow_dot(src, bits, lanes)  # the tail rows
     # unpacked only with MIN_TILES tiles or more; the copy of the tiles for fewer reads the narrow storage
-    assert MIN_TILES == 2 and f"if ((seq / {rows}) - 1 > 0)" in src
-    assert f"i0o < (((seq / {rows}) < 2) ? 0 : (seq / {rows}))" in src
-    assert f"i0o < (((seq / {rows}) < 2) ? (seq / {rows}) : 0)" in src
+    fewest = min_tiles(lanes)
+    assert fewest == {16: 2, 8: 3}[lanes] and f"if ((seq / {rows}) - {fewest - 1} > 0)" in src
+    assert f"i0o < (((seq / {rows}) < {fewest}) ? 0 : (seq / {rows}))" in src
+    assert f"i0o < (((seq / {rows}) < {fewest}) ? (seq / {rows}) : 0)" in src
     check_bitwise(lib, g, w, np.random.default_rng(rows), kinds=("normal", "outlier"),
-                  envs=[{"seq": seq, "past": 0} for seq in range(1, 8)])
+                  envs=[{"seq": seq, "past": 0} for seq in range(1, 11)])
 
 
 def test_unpack_refuses_what_it_cannot_rebuild_once():

@@ -1,6 +1,10 @@
 /* The machine's roofline inputs, measured with the instruction mix the kernels use.
  *
- *   read bandwidth: every thread sums its part of a buffer far larger than the caches
+ *   read bandwidth: every thread sums its part of a buffer far larger than the caches, the
+ *                buffer in 2 MiB pages (read_gb_s: how the libraries map their packed weights,
+ *                engine/pack.map_weights) and in 4 KiB pages (read_4k_gb_s: a mapping that is
+ *                not marked, as llama.cpp's mmap of a GGUF is); alternated within each repeat.
+ *                Where the kernel gives no 2 MiB pages (THP off), both read the same way.
  *   vector peak: the matmul kernels' inner step, acc = fma(x, w, acc) (vfmadd: the kernels on
  *                a target with FMA) and acc = acc + x * w with separate vmulps and vaddps (a
  *                target without it): the accumulator chains through each step; CHAINS
@@ -19,12 +23,13 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #define BYTES (1u << 30) /* 1 GiB */
 #define REPEATS 5
 
-static float *buffer;
+static float *buffer, *huge_buffer, *small_buffer;
 static int n_threads;
 static double sums[64];
 static pthread_barrier_t start;
@@ -189,13 +194,23 @@ static void summarize(double *v, char *out, size_t size)
 int main(int argc, char **argv)
 {
     n_threads = argc > 1 ? atoi(argv[1]) : 2;
-    buffer = aligned_alloc(64, BYTES);
+    huge_buffer = aligned_alloc(2u << 20, BYTES);
+    small_buffer = aligned_alloc(2u << 20, BYTES);
+    if (!huge_buffer || !small_buffer)
+        return 1;
+#ifdef MADV_HUGEPAGE
+    madvise(huge_buffer, BYTES, MADV_HUGEPAGE); /* before the pages are first touched */
+    madvise(small_buffer, BYTES, MADV_NOHUGEPAGE);
+#endif
     for (size_t i = 0; i < BYTES / sizeof(float); ++i)
-        buffer[i] = 1.0f;
-    double bw[REPEATS], f512[REPEATS], f256[REPEATS], m512[REPEATS], m256[REPEATS], dot[REPEATS];
+        huge_buffer[i] = small_buffer[i] = 1.0f;
+    double bw[REPEATS], bw4k[REPEATS], f512[REPEATS], f256[REPEATS], m512[REPEATS], m256[REPEATS], dot[REPEATS];
     const double flops = 2.0 * CHAINS * FLOP_ITERS * n_threads; /* per lane */
     for (int r = 0; r < REPEATS; ++r) {
-        bw[r] = BYTES / run(read_part) / 1e9;
+        buffer = r % 2 ? small_buffer : huge_buffer; /* alternate which page size goes first */
+        (buffer == huge_buffer ? bw : bw4k)[r] = BYTES / run(read_part) / 1e9;
+        buffer = buffer == huge_buffer ? small_buffer : huge_buffer;
+        (buffer == huge_buffer ? bw : bw4k)[r] = BYTES / run(read_part) / 1e9;
 #ifdef __AVX512F__
         f512[r] = 16 * flops / run(flops512) / 1e9;
         m512[r] = 16 * flops / run(fma512) / 1e9;
@@ -208,6 +223,7 @@ int main(int argc, char **argv)
     }
     qsort(dot, REPEATS, sizeof dot[0], cmp);
     qsort(bw, REPEATS, sizeof bw[0], cmp);
+    qsort(bw4k, REPEATS, sizeof bw4k[0], cmp);
     char avx512[96] = "null", avx512_fma[96] = "null", avx2[96], avx2_fma[96] = "null";
     summarize(f256, avx2, sizeof avx2);
 #ifdef __FMA__
@@ -223,10 +239,11 @@ int main(int argc, char **argv)
     (void)m512;
 #endif
     printf("{\"threads\": %d, \"read_gb_s\": {\"median\": %.2f, \"max\": %.2f}, "
+           "\"read_4k_gb_s\": {\"median\": %.2f, \"max\": %.2f}, "
            "\"avx512_mul_add_gflop_s\": %s, \"avx512_fma_gflop_s\": %s, "
            "\"avx2_mul_add_gflop_s\": %s, \"avx2_fma_gflop_s\": %s, "
            "\"int8_dot_gmac_s\": {\"median\": %.1f, \"max\": %.1f, \"kind\": \"%s\"}, \"check\": %g}\n",
-           n_threads, bw[REPEATS / 2], bw[REPEATS - 1], avx512, avx512_fma, avx2, avx2_fma,
+           n_threads, bw[REPEATS / 2], bw[REPEATS - 1], bw4k[REPEATS / 2], bw4k[REPEATS - 1], avx512, avx512_fma, avx2, avx2_fma,
            dot[REPEATS / 2], dot[REPEATS - 1], DOT_KIND, sums[0]);
     return 0;
 }

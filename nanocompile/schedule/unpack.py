@@ -22,9 +22,17 @@ from ..loopir.traverse import find_loop, free_vars, loops, replace, rewrite, wal
 from .directives import ScheduleError, Unpack
 
 MOST_BYTES = 256 * 1024  # a local array on the stack of every pool thread: a quarter of a 1 MiB L2
-# the fewest trips of `at` that rebuild into the local array: the one 2-row tile of a 2-3 row step
-# rebuilds in registers (bench.probes.small_steps on a Zen 3: a 2-row step 1.58x -> 1.2x one row)
-MIN_TILES = 2
+# the fewest trips of `at` that rebuild into the local array, by vector lanes: the one 2-row tile
+# of a 2-3 row step rebuilds in registers (bench.probes.small_steps on a Zen 3: a 2-row step 1.58x
+# -> 1.2x one row); at 8 lanes so do the two 4-row tiles of an 8-row verify step (a Zen 4 at
+# x86-64-v3, alternated in one process: the 8-row step 0.95x in two runs; at 16 lanes 1.01x, so
+# 16 lanes keep 2; docs/results/phase20.md)
+MIN_TILES = {8: 3, 16: 2}
+
+
+def min_tiles(lanes: int) -> int:
+    """The fewest row tiles for which Unpack rebuilds a column block into the local array."""
+    return MIN_TILES.get(lanes, 2)
 
 
 def unpack(k: Kernel, d: Unpack) -> tuple:
@@ -76,20 +84,21 @@ def unpack(k: Kernel, d: Unpack) -> tuple:
         inside = {a: c for a, c in terms.items() if a not in base}
         return Dot(n.acc, n.a, Load(local, build(inside, const - low)), n.width, n.b_offset, n.b_bits)
 
-    trips = at.extent.b if _is_many_copy(at.extent) else at.extent
-    # filled when trips >= MIN_TILES: when trips - (MIN_TILES - 1) > 0
-    fill = UnpackBytes(local, d.param, build(base, low), count, dots[0].b_bits, Bin("-", trips, IConst(MIN_TILES - 1)))
+    fewest = min_tiles(lanes)
+    trips = at.extent.b if _is_many_copy(at.extent, fewest) else at.extent
+    # filled when trips >= fewest: when trips - (fewest - 1) > 0
+    fill = UnpackBytes(local, d.param, build(base, low), count, dots[0].b_bits, Bin("-", trips, IConst(fewest - 1)))
     if trips is not at.extent:  # a second weight of a loop an earlier Unpack already split
         return replace(k.body, at, (fill, rewrite(at, moved)))
-    few_tiles = Bin("<", trips, IConst(MIN_TILES))
+    few_tiles = Bin("<", trips, IConst(fewest))
     many, few = Select(few_tiles, IConst(0), trips), Select(few_tiles, trips, IConst(0))
     unpacked = rewrite(at.with_children((many,) + at.body), moved)
     return replace(k.body, at, (fill, unpacked, at.with_children((few,) + at.body)))
 
 
-def _is_many_copy(extent) -> bool:
+def _is_many_copy(extent, fewest: int) -> bool:
     return (isinstance(extent, Select) and isinstance(extent.cond, Bin) and extent.cond.op == "<"
-            and extent.cond.b == IConst(MIN_TILES) and extent.a == IConst(0) and extent.b == extent.cond.a)
+            and extent.cond.b == IConst(fewest) and extent.a == IConst(0) and extent.b == extent.cond.a)
 
 
 def _reads(dot: Dot, param: str) -> bool:
