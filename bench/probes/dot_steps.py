@@ -6,30 +6,16 @@ they are compute-bound (docs/results/phase20.md). Appended to bench/results.json
 """
 from __future__ import annotations
 
-import argparse
-import json
-import subprocess
-import tempfile
-from pathlib import Path
-
-from bench.support.measure import THREADS, append, positive_int
+from bench.probes.machine import probe_main, run_probe
+from bench.support.measure import THREADS
 
 
 def measure(threads: int = THREADS) -> dict:
-    src = Path(__file__).with_name("dot_steps.c")
-    with tempfile.TemporaryDirectory() as d:
-        exe = Path(d) / "dot_steps"
-        subprocess.run(["cc", "-O2", "-march=native", "-pthread", str(src), "-o", str(exe)], check=True)
-        out = subprocess.run([str(exe), str(threads)], capture_output=True, text=True, check=True).stdout
-    return json.loads(out)
+    return run_probe("dot_steps.c", threads)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=positive_int, default=THREADS)
-    result = measure(ap.parse_args().threads)
-    print(json.dumps(result))
-    append({"bench": "dot_steps", "dot_steps": result})
+    probe_main("dot_steps", measure, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":
