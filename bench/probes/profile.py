@@ -7,8 +7,10 @@ NANOCOMPILE_PROFILE (every kernel call timed on thread 0, to the end of its barr
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -34,6 +36,7 @@ def profile(model, prompt, module, precision: str | None = None, threads: int = 
     from nanocompile.engine.compiled import CompiledSession
 
     d = Path(tempfile.mkdtemp(prefix="nc-profile-"))
+    atexit.register(shutil.rmtree, d, ignore_errors=True)  # the profiling build: gone with the process
     write_tree(module, d / "tree")
     manifest = json.loads(render_tree(module)["manifest.json"])
     cmake_build(d / "tree", d / "build", {"NANOCOMPILE_PROFILE": "ON"}, target=manifest["library"])

@@ -19,8 +19,10 @@ issue 25: both sessions could run one library).
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -68,6 +70,9 @@ def library_apart(model, precision: str, march: str | None, recipes) -> tuple:
     with recipes:
         module = open_model(model, precision, march, tuned=False).compile(out=lambda _: None)
     d = Path(tempfile.mkdtemp(prefix="nc-without-"))
+    # the library and the packed weights a session maps from it (a GB for the 1.5B shape): gone
+    # with the process, so that probes run again and again do not fill the disk
+    atexit.register(shutil.rmtree, d, ignore_errors=True)
     write_tree(module, d / "tree")
     manifest = json.loads(render_tree(module)["manifest.json"])
     cmake_build(d / "tree", d / "build", {}, target=manifest["library"])
