@@ -1,6 +1,6 @@
 """bench/probes/chunk.py, bench/probes/without.py, bench/probes/superblock_tile.py,
-bench/probes/setting.py and bench/support/siblings.py refuse arguments they cannot run in one
-line, before loading anything."""
+bench/probes/setting.py, the machine probes and bench/support/siblings.py refuse arguments they
+cannot run in one line, before loading anything."""
 import os
 import subprocess
 import sys
@@ -92,3 +92,11 @@ def test_setting_ab_refuses_what_it_cannot_run(args, why):
                        text=True, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == f"setting.py: error: {why}"
+
+
+@pytest.mark.parametrize("probe", ["machine", "dot_steps"])
+def test_machine_probes_refuse_a_thread_count_below_one(probe):
+    r = subprocess.run([sys.executable, "-m", f"bench.probes.{probe}", "--threads", "0"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == f"{probe}.py: error: argument --threads: '0': a whole number, at least 1"

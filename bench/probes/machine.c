@@ -207,10 +207,11 @@ int main(int argc, char **argv)
     double bw[REPEATS], bw4k[REPEATS], f512[REPEATS], f256[REPEATS], m512[REPEATS], m256[REPEATS], dot[REPEATS];
     const double flops = 2.0 * CHAINS * FLOP_ITERS * n_threads; /* per lane */
     for (int r = 0; r < REPEATS; ++r) {
-        buffer = r % 2 ? small_buffer : huge_buffer; /* alternate which page size goes first */
-        (buffer == huge_buffer ? bw : bw4k)[r] = BYTES / run(read_part) / 1e9;
-        buffer = buffer == huge_buffer ? small_buffer : huge_buffer;
-        (buffer == huge_buffer ? bw : bw4k)[r] = BYTES / run(read_part) / 1e9;
+        for (int i = 0; i < 2; ++i) { /* both page sizes, the first one alternating */
+            int huge = (r + i) % 2 == 0;
+            buffer = huge ? huge_buffer : small_buffer;
+            (huge ? bw : bw4k)[r] = BYTES / run(read_part) / 1e9;
+        }
 #ifdef __AVX512F__
         f512[r] = 16 * flops / run(flops512) / 1e9;
         m512[r] = 16 * flops / run(fma512) / 1e9;

@@ -20,8 +20,8 @@ import time
 import numpy as np
 
 from bench.probes.small_steps import sizes
-from bench.probes.without import library_apart
-from bench.support.measure import THREADS, append, pin_threads, positive_int, summary, two_sided_sign_test
+from bench.probes.without import native_session_apart
+from bench.support.measure import append, pin_threads, positive_int, summary, two_sided_sign_test
 
 
 def constant(text: str) -> tuple[str, str]:
@@ -52,7 +52,6 @@ def setting(module: str, name: str, value):
 
 
 def main() -> None:
-    from nanocompile.engine.compiled import CompiledSession
     from nanocompile.models import load_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -78,12 +77,7 @@ def main() -> None:
     ids = [int(t) for t in np.random.default_rng(0).integers(1000, 100000, args.past + max(args.rows))]
     sessions = []
     for value in args.values:
-        lib, manifest, chunk = library_apart(model, "native", args.march, setting(module, name, value))
-        with setting(module, name, value):  # the session packs its weights in this value's layout
-            s = CompiledSession.from_weights(model.config, model.weights, n_ctx=len(ids) + 8, threads=THREADS,
-                                             weights_key=model.key, precision="native", march=args.march,
-                                             tuned=False, library=(lib, manifest), max_chunk=chunk,
-                                             packed_path=lib.parent / "weights.bin")
+        s = native_session_apart(model, args.march, lambda: setting(module, name, value), len(ids) + 8)
         s.step(ids[:args.past])
         sessions.append(s)
     past = sessions[0].past

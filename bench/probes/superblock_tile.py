@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from bench.probes.without import library_apart
-from bench.support.measure import THREADS, append, pin_threads, summary, two_sided_sign_test
+from bench.probes.without import native_session_apart
+from bench.support.measure import append, pin_threads, summary, two_sided_sign_test
 
 LANES = 8
 
@@ -48,7 +48,6 @@ def variant(text: str) -> tuple[int, int]:
 
 
 def main() -> None:
-    from nanocompile.engine.compiled import CompiledSession
     from nanocompile.models import load_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -71,12 +70,7 @@ def main() -> None:
     ids = [int(t) for t in np.random.default_rng(0).integers(1000, 100000, args.pp + max(args.tg, args.verify))]
     sessions = {}
     for columns, budget in variants:
-        lib, manifest, chunk = library_apart(model, "native", args.march, tile(columns, budget))
-        with tile(columns, budget):  # the session packs its weights in this tile's layout
-            s = CompiledSession.from_weights(model.config, model.weights, n_ctx=len(ids) + 8, threads=THREADS,
-                                             weights_key=model.key, precision="native", march=args.march,
-                                             tuned=False, library=(lib, manifest), max_chunk=chunk,
-                                             packed_path=lib.parent / "weights.bin")
+        s = native_session_apart(model, args.march, lambda: tile(columns, budget), len(ids) + 8)
         s.step(ids[:16])
         sessions[f"{columns}:{budget}"] = s
     names = list(sessions)

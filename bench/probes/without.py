@@ -79,6 +79,20 @@ def library_apart(model, precision: str, march: str | None, recipes) -> tuple:
     return d / "build" / f"lib{manifest['library']}.so", manifest, module.max_chunk
 
 
+def native_session_apart(model, march: str | None, recipes, n_ctx: int):
+    """A native session of the model on a library compiled apart (library_apart) while the context
+    manager that recipes() returns changes the recipes; its weights packed in that library's
+    layout, beside it. recipes is called twice: a context manager runs once."""
+    from nanocompile.engine.compiled import CompiledSession
+
+    lib, manifest, chunk = library_apart(model, "native", march, recipes())
+    with recipes():  # the session packs its weights in this library's layout
+        return CompiledSession.from_weights(model.config, model.weights, n_ctx=n_ctx, threads=THREADS,
+                                            weights_key=model.key, precision="native", march=march, tuned=False,
+                                            library=(lib, manifest), max_chunk=chunk,
+                                            packed_path=lib.parent / "weights.bin")
+
+
 def main() -> None:
     from nanocompile import schedule
     from nanocompile.engine.compiled import CompiledSession
