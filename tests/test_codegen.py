@@ -90,3 +90,25 @@ def test_the_command_line_lists_the_compilers_stages():
     from nanocompile.compiler import STAGE_NAMES
 
     assert tuple(STAGES) == STAGE_NAMES
+
+
+def test_a_register_tiles_loop_of_dot_products_is_unrolled():
+    """A constant loop of at most UNROLL_DOT_LOOPS steps that only adds dot products is unrolled
+    (rolled, GCC kept accumulators on the stack); a loop doing anything else, a longer one and a
+    symbolic one are left to the compiler."""
+    from nanocompile.codegen.cexpr import UNROLL_DOT_LOOPS, dot_loop_unrolled
+    from nanocompile.loopir.ir import Acc, AccUpdate, Bin, Dot, IConst, Load, Loop, Store, Var
+
+    def dot(name):
+        return AccUpdate(name, Dot(Acc(name), Load("p1", Bin("*", Var("j"), IConst(4))),
+                                   Load("p2", Bin("*", Var("j"), IConst(32)))))
+
+    tile = (dot("isum_0"), dot("isum_1"))
+    assert dot_loop_unrolled(Loop("j", IConst(8), tile))
+    assert dot_loop_unrolled(Loop("j", IConst(UNROLL_DOT_LOOPS), tile))
+    assert not dot_loop_unrolled(Loop("j", IConst(UNROLL_DOT_LOOPS + 1), tile))
+    assert not dot_loop_unrolled(Loop("j", IConst(1), tile))
+    assert not dot_loop_unrolled(Loop("j", Var("seq"), tile))
+    assert not dot_loop_unrolled(Loop("j", IConst(8), tile + (Store("p0", Var("j"), Acc("isum_0")),)))
+    assert not dot_loop_unrolled(Loop("j", IConst(8), (Loop("t", IConst(2), tile),)))
+    assert not dot_loop_unrolled(Loop("j", IConst(8), (AccUpdate("acc", Bin("+", Acc("acc"), Load("p1", Var("j")))),)))

@@ -2,6 +2,7 @@
 4 or 6 bits in 4 or 6), read by 16-lane dot products (a 64-byte unit) and 8-lane ones (half a
 unit: AVX2 and AVX-VNNI) that rebuild them exactly; bitwise against the interpreter like every int8
 kernel, at every level this CPU runs."""
+import re
 from pathlib import Path
 
 import numpy as np
@@ -168,6 +169,9 @@ def test_unpacked_bytes_are_read_by_the_row_tiles_bitwise(march, bits, offset, l
     assert fewest == {16: 2, 8: 3}[lanes] and f"if ((seq / {rows}) - {fewest - 1} > 0)" in src
     assert f"i0o < (((seq / {rows}) < {fewest}) ? 0 : (seq / {rows}))" in src
     assert f"i0o < (((seq / {rows}) < {fewest}) ? (seq / {rows}) : 0)" in src
+    # the tiles' loops of dot products on the unpacked bytes are unrolled (their sums stay in registers)
+    tiles = re.findall(r"( *)(#pragma GCC unroll \d+\n *)?for \(int64_t j = 0; j < \d+; \+\+j\) \{\n *\w+ = nc_dot4us_", src)
+    assert tiles and all(pragma for _, pragma in tiles)
     check_bitwise(lib, g, w, np.random.default_rng(rows), kinds=("normal", "outlier"),
                   envs=[{"seq": seq, "past": 0} for seq in range(1, 11)])
 

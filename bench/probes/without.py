@@ -67,14 +67,14 @@ def library_apart(model, precision: str, march: str | None, recipes) -> tuple:
     from nanocompile.compiler.build import cmake_build
     from nanocompile.engine.open import open_model
 
-    with recipes:
-        module = open_model(model, precision, march, tuned=False).compile(out=lambda _: None)
     d = Path(tempfile.mkdtemp(prefix="nc-without-"))
     # the library and the packed weights a session maps from it (a GB for the 1.5B shape): gone
     # with the process, so that probes run again and again do not fill the disk
     atexit.register(shutil.rmtree, d, ignore_errors=True)
-    write_tree(module, d / "tree")
-    manifest = json.loads(render_tree(module)["manifest.json"])
+    with recipes:  # a setting of the code generator is read while the C is written
+        module = open_model(model, precision, march, tuned=False).compile(out=lambda _: None)
+        write_tree(module, d / "tree")
+        manifest = json.loads(render_tree(module)["manifest.json"])
     cmake_build(d / "tree", d / "build", {}, target=manifest["library"])
     return d / "build" / f"lib{manifest['library']}.so", manifest, module.max_chunk
 

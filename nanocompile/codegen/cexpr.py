@@ -150,6 +150,20 @@ def operator(e, sub, function, wrap) -> str:
     return f"{function(e.op)}({sub(e.a, True)})"
 
 
+# A register tile's loop of integer dot products (a block's 4-byte steps) of at most this many
+# iterations is unrolled. Rolled, GCC (12, -O3) kept three of the x86-64-v3 Q5_0 SwiGLU pair's
+# eight accumulators on the stack across iterations (a store and a load each step, in the sum's
+# dependency chain): that pair at 96 rows ran 1.3x slower (docs/results/phase21.md).
+UNROLL_DOT_LOOPS = 8
+
+
+def dot_loop_unrolled(loop: Loop) -> bool:
+    """Whether loop is a constant run of at most UNROLL_DOT_LOOPS steps whose body only adds dot
+    products to accumulators (no loop, store or other statement inside)."""
+    return (isinstance(loop.extent, IConst) and 1 < loop.extent.value <= UNROLL_DOT_LOOPS and bool(loop.body)
+            and all(isinstance(t, AccUpdate) and isinstance(t.value, Dot) for t in loop.body))
+
+
 def statements(body, dtypes: dict | None = None, vector=None) -> list[dict]:
     """Plain data for templates/kernel.c.j2: loops and lines of C. dtypes: each parameter's
     and local's dtype (for vector code); inside a vector loop, vector is the VectorC that renders
@@ -171,9 +185,10 @@ def statements(body, dtypes: dict | None = None, vector=None) -> list[dict]:
                 inner.parities.discard(s.var)  # an earlier loop of the same name
             body_c = statements(s.body, dtypes, inner)
             # a constant loop whose variable's parity picks the half of narrow weights: unrolled by
-            # GCC, each copy's half is a literal (runtime/nc_vector.h's h forms)
+            # GCC, each copy's half is a literal (runtime/nc_vector.h's h forms); so is a register
+            # tile's loop of dot products (dot_loop_unrolled)
             unroll = s.extent.value if (isinstance(s.extent, IConst) and inner is not None
-                                        and s.var in inner.parities) else 0
+                                        and (s.var in inner.parities or dot_loop_unrolled(s))) else 0
             out.append({"kind": "loop", "var": s.var, "extent": extent, "body": body_c,
                         "parallel": s.parallel, "unroll": unroll})
         elif isinstance(s, Prefetch):  # an address, the same in every lane
