@@ -72,6 +72,14 @@ def measure_sequences(session, context: list[int], rows: list[int], rounds: int,
     return seconds
 
 
+def read_rate() -> float:
+    """The machine's read bandwidth now (GB/s, the probe's median): one row's time follows it and
+    an 8-row step's, bound by its arithmetic, does not, so the ratios move with it (phase21.md)."""
+    from bench.probes.machine import measure as probe_machine
+
+    return probe_machine()["read_gb_s"]["median"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="the cost of a step of k rows against one row, after a context")
     ap.add_argument("--precisions", default="native,int8,f32")
@@ -91,7 +99,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     context = [int(t) for t in rng.integers(1000, 100000, args.past)]
     record = {"bench": "small_steps", "march": march, "past": args.past, "rounds": args.rounds, "precisions": {},
-              "rows_are": "sequences" if args.sequences else "one sequence"}
+              "rows_are": "sequences" if args.sequences else "one sequence", "read_gb_s_before": read_rate()}
     print(f"| precision ({march}) | " + " | ".join(f"{k} rows" for k in args.rows) + " |")
     print("|---" * (len(args.rows) + 1) + "|")
     for precision in args.precisions.split(","):
@@ -107,6 +115,8 @@ def main() -> None:
             str(k): {"seconds": summary(s), "min_over_one_row": min(s) / one,
                      "median_over_one_row": statistics.median(s) / statistics.median(seconds[1])}
             for k, s in seconds.items()}
+    record["read_gb_s_after"] = read_rate()
+    print(f"the machine read {record['read_gb_s_before']:.1f} GB/s before, {record['read_gb_s_after']:.1f} after")
     append(record)
 
 
