@@ -170,8 +170,8 @@ def test_unpacked_bytes_are_read_by_the_row_tiles_bitwise(march, bits, offset, l
     assert f"i0o < (((seq / {rows}) < {fewest}) ? 0 : (seq / {rows}))" in src
     assert f"i0o < (((seq / {rows}) < {fewest}) ? (seq / {rows}) : 0)" in src
     # the tiles' loops of dot products on the unpacked bytes are unrolled (their sums stay in registers)
-    tiles = re.findall(r"( *)(#pragma GCC unroll \d+\n *)?for \(int64_t j = 0; j < \d+; \+\+j\) \{\n *\w+ = nc_dot4us_", src)
-    assert tiles and all(pragma for _, pragma in tiles)
+    pragmas = re.findall(r"(#pragma GCC unroll \d+\n *)?for \(int64_t j = 0; j < \d+; \+\+j\) \{\n *\w+ = nc_dot4us_", src)
+    assert pragmas and all(pragmas)
     check_bitwise(lib, g, w, np.random.default_rng(rows), kinds=("normal", "outlier"),
                   envs=[{"seq": seq, "past": 0} for seq in range(1, 11)])
 
