@@ -35,6 +35,9 @@
 #define NC_VECTOR_WIDTH(L) NC_VECTOR_TYPES(L) NC_LANEWISE(L, sqrtf) NC_LANEWISE(L, rintf) \
     NC_LANEWISE(L, sinf) NC_LANEWISE(L, cosf)
 
+/* 0, 1, ..., 15: the lane positions every width's nc_lane_index starts from */
+static const int32_t nc_lane_positions[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
 /* Integer lanes (int32 accumulators of int8 dot products) and float16 loads, converted exactly:
  * int8 -> int32 sign-extends, float16 -> float32 and int32 -> float32 (|x| < 2^24 here) are exact. */
 #define NC_INT_TYPES(L)                                                                             \
@@ -51,13 +54,13 @@
     {                                                                                               \
         return nc_select##L((v > acc) | (v != v), v, acc);                                          \
     }                                                                                               \
-    /* first, first + 1, ..., first + L - 1: the positions of a vector's lanes */                   \
+    /* first, first + 1, ..., first + L - 1: the positions of a vector's lanes, as a constant plus  \
+     * a broadcast (GCC 12 builds a lane-by-lane loop with one masked broadcast per lane) */        \
     static inline nc_i32x##L nc_lane_index##L(int32_t first)                                         \
     {                                                                                               \
         nc_i32x##L v;                                                                               \
-        for (int l = 0; l < L; ++l)                                                                 \
-            v[l] = first + l;                                                                       \
-        return v;                                                                                   \
+        memcpy(&v, nc_lane_positions, sizeof v);                                                    \
+        return v + first;                                                                           \
     }
 
 /* nc_expfL(x): nc_expf (nc_runtime.h) on every lane, the same operations in the same order. */

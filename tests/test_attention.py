@@ -13,8 +13,8 @@ from bench.support.tiny import random_weights, tiny_config
 
 from nanocompile.compiler.driver import compile_model
 from nanocompile.engine.compiled import CompiledSession
-from nanocompile.loopir.ir import Un
-from nanocompile.loopir.traverse import walk
+from nanocompile.loopir.ir import AccUpdate, Un
+from nanocompile.loopir.traverse import find_loop, loops, walk
 from nanocompile.schedule.directives import Pack, Parallel, UnrollJam, Vectorize
 
 CFG = tiny_config(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=320, max_pos=2048)
@@ -38,6 +38,20 @@ def test_scores_vectorize_over_keys_stored_in_blocks(march, lanes):
     writers = [k for k in m.kernels.values() if any(isinstance(d, Pack) and k.params[0].name == d.param
                                                     for d in k.schedule)]
     assert writers, "the kernel appending keys stores them in blocks"
+
+
+@pytest.mark.parametrize("march", ["x86-64-v4", "x86-64-v3"])
+def test_the_keys_past_the_last_whole_block_run_the_groups_sums_side_by_side(march):
+    """The scores' scalar tail (past + seq not a whole number of blocks) adds the group's sums side
+    by side as the vector part does: one sum after another, each of 64 dependent adds, took as
+    long as the whole vector part at 8 rows after 256 keys (docs/results/phase22.md)."""
+    m = compile_model(CFG, march=march)
+    scores = [k for k in m.kernels.values() if k.name.startswith("matmul_mul") and "past" in k.name]
+    for k in scores:
+        tail = find_loop(k.body, "i2t")
+        assert tail, k.schedule
+        sums = [lp for lp in loops(tail[0].body) if not lp.is_output]
+        assert len(sums) == 1 and sum(isinstance(s, AccUpdate) for s in sums[0].body) == GROUP, k.schedule
 
 
 @pytest.mark.parametrize("march, lanes", [("x86-64-v4", 16), ("x86-64-v3", 8)])

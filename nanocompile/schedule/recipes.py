@@ -491,9 +491,11 @@ def symbolic_columns(col: Loop, row: Loop, split: int, lanes: int = 0, keys: dic
         return [Split(col.var, split), UnrollJam(col.var + "i", split), Parallel(row.var)]
     packs = [Pack(p, size, split) for p, size in sorted(keys.items())]
     if group:
+        # the rows are jammed before the columns are split, so the columns' tail (the keys past
+        # the last whole block) runs the group's sums side by side too, not one after another
         inside = [Reorder(heads, col.var)] if heads else []
-        return [Reorder(row.var, col.var)] + inside + [Split(col.var, split), Vectorize(col.var + "i", lanes)] + packs + \
-            [Split(row.var, group), UnrollJam(row.var + "i", group), Parallel(col.var + "o")] + \
+        return [Reorder(row.var, col.var)] + inside + [Split(row.var, group), UnrollJam(row.var + "i", group)] + \
+            [Split(col.var, split), Vectorize(col.var + "i", lanes)] + packs + [Parallel(col.var + "o")] + \
             ([Parallel(col.var + "t")] if has_tail(col.extent, split) else [])
     unroll = [UnrollJam(col.var + "i", split // lanes)] if split > lanes else []
     return [Split(col.var, split), Vectorize(col.var + "i", lanes)] + unroll + packs + [Parallel(row.var)]
