@@ -8,6 +8,7 @@ how much of the weights it touched (the mapping's Rss: a step reads each weight 
 the kernel mapped in 2 MiB pages (FilePmdMapped).
 
     python -m bench.probes.pages [--precision native] [--rounds 4] [--steps 30] [--past 256]
+                                 [-m FILE] [--march x86-64-v3]
                                  # prints a table; appends to bench/results.jsonl
 """
 from __future__ import annotations
@@ -31,9 +32,10 @@ import numpy as np
 from nanocompile.engine.compiled import CompiledSession
 from nanocompile.models import load_model
 path, precision, past, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-model = load_model("default", progress=False)
+source, march = sys.argv[5], sys.argv[6] or None
+model = load_model(source, progress=False)
 s = CompiledSession.from_weights(model.config, model.weights, n_ctx=past + 16, threads={threads},
-                                 weights_key=model.key, precision=precision, packed_path=path)
+                                 weights_key=model.key, precision=precision, packed_path=path, march=march)
 rng = np.random.default_rng(0)
 s.step([int(t) for t in rng.integers(1000, 100000, past)])
 seconds = {{1: [], 8: []}}
@@ -86,15 +88,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=positive_int, default=4)
     ap.add_argument("--steps", type=positive_int, default=30)
     ap.add_argument("--past", type=positive_int, default=256)
+    ap.add_argument("-m", "--model", default="default", help="'default', a GGUF file or a Hugging Face directory")
+    ap.add_argument("--march", default=None, help="another level than this CPU's, e.g. x86-64-v3 (AVX2)")
     args = ap.parse_args()
     pin_threads()
     from nanocompile.engine.compiled import CompiledSession
     from nanocompile.models import load_model
     from nanocompile.target import detect_march
 
-    model = load_model("default", progress=False)
+    model = load_model(args.model, progress=False)
     session = CompiledSession.from_weights(model.config, model.weights, n_ctx=64, threads=THREADS,
-                                           weights_key=model.key, precision=args.precision)
+                                           weights_key=model.key, precision=args.precision, march=args.march)
     packed = session.packed_path
     session.close()
     results = {"unaligned writes": [], "packer's writer": []}
@@ -110,7 +114,7 @@ def main() -> None:
             order = list(files.items()) if r % 2 == 0 else list(files.items())[::-1]
             for name, path in order:
                 out = subprocess.run([sys.executable, "-c", child, str(path), args.precision, str(args.past),
-                                      str(args.steps)], capture_output=True, text=True, check=True)
+                                      str(args.steps), args.model, args.march or ""], capture_output=True, text=True, check=True)
                 got = json.loads(out.stdout.strip().splitlines()[-1])
                 results[name].append(got["seconds"])
                 pmd[name], rss[name] = got["pmd_kib"], got["rss_kib"]
@@ -118,7 +122,8 @@ def main() -> None:
                 print(f"round {r} {name}: 1 row {one * 1e3:.1f} ms, 8 rows {eight * 1e3:.1f} ms, "
                       f"{got['pmd_kib'] >> 10} of the {got['rss_kib'] >> 10} MiB of weights it touched in 2 MiB "
                       f"pages", flush=True)
-    record = {"bench": "pages", "precision": args.precision, "march": detect_march()[0], "past": args.past,
+    record = {"bench": "pages", "model": str(model.source), "precision": args.precision,
+              "march": args.march or detect_march()[0], "past": args.past,
               "pmd_kib": pmd, "touched_kib": rss, "rows": {}}
     print(f"\n| rows | unaligned writes, ms | packer's writer, ms | ratio of medians per round |")
     print("|---|---|---|---|")
