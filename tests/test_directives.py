@@ -310,7 +310,7 @@ def test_first_row_tile_fetches_the_next_block_of_every_quantized_weight(march, 
         if not any(isinstance(d, FetchNextBlock) for d in k.schedule):
             continue
         for fetch, outer in statements_in_loops(k.body):
-            if isinstance(fetch, Prefetch):
+            if isinstance(fetch, Prefetch) and not fetch.near:  # near: FetchAhead's, below
                 touched, block = next_block_lines(k, fetch, outer)
                 assert touched == block, (k.name, fetch)
                 fetched.add((k.name, fetch.param))
@@ -321,6 +321,48 @@ def test_first_row_tile_fetches_the_next_block_of_every_quantized_weight(march, 
     if precision == "native":  # narrow quants among them, fetched in their own bytes
         assert any(Pack(p, d.row, d.block, d.group, d.offset, d.bits) in m.kernels[name].schedule and d.bits != 8
                    for name, p in fetched for d in m.kernels[name].schedule if isinstance(d, Pack) and d.param == p)
+
+
+@pytest.mark.parametrize("ahead", [None, 2048])  # the shipped distances; 2 KiB at both levels
+@pytest.mark.parametrize("precision", ["int8", "native"])
+@pytest.mark.parametrize("march", ["x86-64-v4+vnni", "x86-64-v3"])
+def test_a_single_row_fetches_its_quants_a_distance_ahead(march, precision, ahead, tmp_path, monkeypatch):
+    """Every quantized projection's single row (the one left after the tiles; or every row where
+    there are no tiles: a decode step's head) fetches its quants FETCH_AHEAD bytes ahead into L1,
+    a few lines a step: over a column iteration, every line of the block's bytes that distance
+    on, and at most one line more (a step of 160 bytes fetches 3 lines). At a level whose
+    distance is 0 (16 lanes), nothing."""
+    from nanocompile.schedule import recipes
+
+    if ahead:
+        monkeypatch.setattr(recipes, "FETCH_AHEAD", {8: ahead, 16: ahead})
+    monkeypatch.setenv("NANOCOMPILE_CACHE", str(tmp_path / "cache"))
+    m = compile_model(tiny_config(**dict(VECTOR_CFG, hidden=128, ffn=256, vocab=512)), precision="int8", march=march) \
+        if precision == "int8" else native_k_module(tmp_path, march)
+    distance = recipes.FETCH_AHEAD[16 if march.startswith("x86-64-v4") else 8]
+    fetched = set()
+    for k in m.kernels.values():
+        for fetch, outer in statements_in_loops(k.body):
+            if not (isinstance(fetch, Prefetch) and fetch.near):
+                continue
+            assert distance, (k.name, "a level without FetchAhead fetches nothing ahead", fetch)
+            line = outer[-1]
+            assert line.var.endswith("_ahead") and isinstance(line.extent, IConst), line
+            columns = next(lp for lp in outer if lp.parallel)
+            terms, const = linear(fetch.index)
+            per_column = terms.pop(Var(columns.var))
+            steps = [(lp.extent.value, terms.pop(Var(lp.var))) for lp in outer if Var(lp.var) in terms]
+            assert not terms and const >= distance, fetch
+            touched = {const // 64}
+            for extent, step in steps:
+                touched = {t + (i * step) // 64 for t in touched for i in range(extent)} if step % 64 == 0 else \
+                    {(t * 64 + i * step) // 64 for t in touched for i in range(extent)}
+            block = {(const + x) // 64 for x in range(0, per_column, 64)}
+            assert block <= touched and len(touched - block) <= 1, (k.name, fetch)
+            fetched.add(k.name)
+    quantized = {name for name, k in m.kernels.items()  # products (the embedding's gather packs alike)
+                 if name.startswith("matmul") and any(isinstance(d, Pack) and d.group == 4 for d in k.schedule)}
+    assert quantized and fetched == (quantized if distance else set()), (sorted(fetched), sorted(quantized))
 
 
 def test_split_of_a_symbolic_multiple_leaves_no_tail():

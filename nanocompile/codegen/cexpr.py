@@ -192,7 +192,8 @@ def statements(body, dtypes: dict | None = None, vector=None) -> list[dict]:
             out.append({"kind": "loop", "var": s.var, "extent": extent, "body": body_c,
                         "parallel": s.parallel, "unroll": unroll})
         elif isinstance(s, Prefetch):  # an address, the same in every lane
-            out.append({"kind": "line", "text": f"nc_prefetch({address(s.param, s.index)});"})
+            fetch = "nc_prefetch_near" if s.near else "nc_prefetch"
+            out.append({"kind": "line", "text": f"{fetch}({address(s.param, s.index)});"})
         elif isinstance(s, UnpackBytes):
             out.extend({"kind": "line", "text": line} for line in unpack_lines(s, vector.lanes if vector else 0))
         elif isinstance(s, TileSums):

@@ -238,11 +238,13 @@ class AccUpdate(Node):
 
 @dataclass(frozen=True)
 class Prefetch(Node):
-    """A hint that element index of param will be read soon: its 64-byte line is fetched into L2.
-    It changes no value, and a prefetch never faults, so the line may lie past the buffer's end
-    (the block after a weight's last one)."""
+    """A hint that element index of param will be read soon: its 64-byte line is fetched into L2,
+    or into L1 too where near (a line the loop reads within a few hundred cycles). It changes no
+    value, and a prefetch never faults, so the line may lie past the buffer's end (the block after
+    a weight's last one)."""
     param: str
     index: Node
+    near: bool = False
     CHILDREN: ClassVar = ("index",)
 
 

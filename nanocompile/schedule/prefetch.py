@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from ..loopir.affine import build, linear
 from ..loopir.ir import DTYPE_BYTES, Bin, Dot, IConst, Kernel, Lane, Load, Loop, Prefetch, Select, Var
-from ..loopir.traverse import find_loop, loads, loops, replace, walk
-from .directives import FetchNextBlock, PrefetchNext, ScheduleError
+from ..loopir.traverse import find_loop, loads, loops, replace, rewrite, walk
+from .directives import FetchAhead, FetchNextBlock, PrefetchNext, ScheduleError
 
 LINE_BYTES = 64
 
@@ -88,6 +88,64 @@ def _block_fetches(reduction: Loop, d: FetchNextBlock, dtypes: dict) -> tuple:
         index = build({Var(d.columns): column, Var(reduction.var): step, Var(line): LINE_BYTES // size}, column)
         out.append(Loop(line, Select(first_tile, IConst(count), IConst(0)), (Prefetch(param, index),)))
     return tuple(out)
+
+
+def fetch_ahead(k: Kernel, d: FetchAhead) -> tuple:
+    (columns, _), (rows, around_rows) = _loop(k, d.columns, str(d)), _loop(k, d.rows, str(d))
+    if columns not in around_rows and rows is not columns:  # rows == columns: no row tiles
+        raise ScheduleError(f"{k.name}: {d}: the row loop {d.rows!r} is not inside the column loop {d.columns!r}")
+    if d.bytes <= 0 or d.bytes % LINE_BYTES:
+        raise ScheduleError(f"{k.name}: {d}: the distance is a positive number of {LINE_BYTES}-byte lines")
+    dtypes = {p.name: p.dtype for p in k.params}
+    fetches = {}  # loop variable -> the fetches at the start of its body (the names are unique in the row loop)
+    for reduction in [s for s in rows.body if isinstance(s, Loop) and not s.is_output]:
+        for var, more in _ahead_fetches(reduction, d, dtypes).items():
+            fetches[var] = fetches.get(var, ()) + more
+    if not fetches:
+        raise ScheduleError(f"{k.name}: {d}: no weight inside {d.rows!r} is read one contiguous block per "
+                            f"iteration of {d.columns!r}, a line or more per step of its reduction")
+    fetching = rewrite(rows, lambda s: (s.with_children((s.extent,) + fetches[s.var] + s.body),)
+                       if isinstance(s, Loop) and s.var in fetches else None)
+    return replace(k.body, rows, (fetching,))
+
+
+def _ahead_fetches(reduction: Loop, d: FetchAhead, dtypes: dict) -> dict:
+    """The variable of the loop to fetch in -> its fetches, for each weight of the dot products read
+    one block per column iteration (quants, in their storage's bytes; the scales' streams are
+    a tenth as fast, left to the hardware): in the innermost loop of the reduction
+    whose iterations advance the parameter a line or more, the lines of the iteration's share
+    d.bytes on. Loops inside it (a step's dot products) only move within the lines fetched."""
+    nest = {lp.var: lp for lp in [reduction] + loops(reduction.body)}
+    depth = {var: len(find_loop((reduction,), var)[1]) for var in nest}
+    bits = {n.b.param: n.b_bits for n in walk(reduction) if isinstance(n, Dot) and isinstance(n.b, Load)}
+    found, done = {}, set()
+    for ld in loads(reduction.body):
+        if ld.param in done or ld.param not in bits or DTYPE_BYTES[dtypes[ld.param]] != 1:
+            continue
+        terms, const = linear(ld.index)
+        terms.pop(Lane(), None)
+        width = bits.get(ld.param, 8)
+        column = terms.pop(Var(d.columns), None)
+        steps = {a.name: c * width for a, c in terms.items() if isinstance(a, Var) and a.name in nest}
+        if column is None or any(c % 8 for c in steps.values()) or column * width % 8:
+            continue
+        steps = {v: c // 8 for v, c in steps.items()}  # bytes of storage an iteration advances
+        wide = [v for v, c in steps.items() if c >= LINE_BYTES]
+        if not wide:
+            continue
+        at = max(wide, key=depth.get)
+        outer = {v for v in steps if depth[v] <= depth[at]}
+        # every other term (a half unit's parity) must move only inside the fetching loop
+        others = [a for a in terms if not (isinstance(a, Var) and a.name in outer)]
+        if any(n.name not in nest or depth[n.name] <= depth[at] for a in others for n in walk(a) if isinstance(n, Var)):
+            continue
+        done.add(ld.param)
+        line = f"{ld.param}_ahead"
+        index = build({Var(d.columns): column * width // 8, **{Var(v): steps[v] for v in outer},
+                       Var(line): LINE_BYTES}, const * width // 8 + d.bytes)
+        count = -(-steps[at] // LINE_BYTES)
+        found[at] = found.get(at, ()) + (Loop(line, IConst(count), (Prefetch(ld.param, index, near=True),)),)
+    return found
 
 
 def _loop(k: Kernel, var: str, who: str) -> tuple[Loop, tuple]:

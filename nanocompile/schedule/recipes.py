@@ -42,7 +42,7 @@ from ..loopir.ir import AccInit, AccUpdate, IConst, Kernel, Loop, Poly, Var
 from ..loopir.traverse import find_loop, loads, loops
 from .apply import apply, first_legal, is_legal
 from .bytesums import byte_sum_loops, byte_sums
-from .directives import (ByteSums, DotProduct, FetchNextBlock, LaneReduce, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split,
+from .directives import (ByteSums, DotProduct, FetchAhead, FetchNextBlock, LaneReduce, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split,
                          Unpack, Unroll, UnrollJam, Vectorize)
 from .loops import check_parallel, check_unroll_jam, has_tail
 from .pairs import LANES as PAIR_LANES
@@ -90,6 +90,15 @@ SUPERBLOCK_BUDGET = {16: 24, 8: 24}
 NARROW_LANES = (8, 16)  # weights in 4-6 bits: read by 8- and 16-lane dot products (schedule/narrow.py)
 SUPERBLOCK_ROWS = 8  # the most rows a superblock projection's tile holds
 SUPERBLOCK_COLUMNS = {16: (1, 2, 4), 8: (2, 4, 1)}  # column vectors per tile, in the order tried
+# bytes ahead in its quants' storage that a single row's quantized product fetches into L1, by
+# lanes (FetchAhead; 0: none). The Q4_K 8960x1536 one-row product alone at x86-64-v3, two
+# threads, alternated call by call: 1 KiB ahead faster in 826-894 of 990 calls (1.13-1.17x in
+# the mean), 2 KiB in 836-906, 4 KiB slower, all of a super-block's lines at its start in 557-602,
+# into L2 only in 636-738. In the model (bench.probes.setting, the 1.5B's one-row step on a Zen
+# 4): x86-64-v3 1 KiB 0.976x, 0.978x, 0.984x (faster in 14/16, 9/12, 14/16 rounds), 2 KiB
+# 0.980x and 1.000x; at x86-64-v4+vnni 1 KiB 1.033x *slower* (4 of 12), so none at 16 lanes,
+# whose products carry half the instructions per byte (docs/results/phase22.md)
+FETCH_AHEAD = {8: 1024, 16: 0}
 ATTENTION_ROWS = 8  # query rows unrolled and jammed in attention when they are not a multiple of a group
 SCORE_VECTORS = 4   # vectors of keys per block of stored keys (independent sums in attention's scores)
 
@@ -432,6 +441,13 @@ def _quantized_projection(col: Loop, row, elements: int, products: str, lanes: i
             # and the two overlap only so (an Intel Xeon, the default model after 256 positions:
             # an 8-row step 0.86x at 16 lanes, 0.89x at 8; phase15.md)
             fetch = [FetchNextBlock(col.var, row.var + loop) for loop in ["o"] + [tail + "o" for tail, _ in tails]]
+        # the row left after every tile (a decode step's only one) streams its quants: they are
+        # fetched a little ahead, as the loop reads them
+        single = row.var + "t" * (len(tails) + 1) if rows > 1 else row.var + "t" if unpacks else row.var
+        if FETCH_AHEAD.get(lanes):
+            fetch.append(FetchAhead(col.var, single, FETCH_AHEAD[lanes]))
+    elif FETCH_AHEAD.get(lanes):  # no row tiles: a kernel of one row, or each row over every column
+        fetch = [FetchAhead(col.var, col.var, FETCH_AHEAD[lanes])]
     return head + tile + [Parallel(col.var)] + fetch + unpacks
 
 
