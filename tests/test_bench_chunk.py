@@ -1,5 +1,5 @@
 """bench/probes/chunk.py, bench/probes/without.py, bench/probes/superblock_tile.py,
-bench/probes/setting.py, the machine probes and bench/support/siblings.py refuse arguments they
+bench/probes/setting.py, bench/probes/pages.py, the machine probes and bench/support/siblings.py refuse arguments they
 cannot run in one line, before loading anything."""
 import os
 import subprocess
@@ -32,6 +32,21 @@ def test_directive_ab_refuses_what_it_cannot_run(args, why):
                        timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == f"without.py: error: {why}"
+
+
+@pytest.mark.parametrize("args, why", [
+    (["--march", "x86-64-v9"], "argument --march: unknown x86-64 level 'x86-64-v9'; known: x86-64, x86-64-v2, x86-64-v3, x86-64-v4"),
+    (["-m", "/nonexistent/model.gguf"], "/nonexistent/model.gguf: no such file or directory")])
+def test_page_size_probe_refuses_what_it_cannot_run(args, why):
+    """bench/probes/pages.py: a level the compiler does not know, a model that is not there: one
+    line, nothing packed, nothing appended to the results."""
+    results = ROOT / "bench" / "results.jsonl"
+    before = results.read_bytes()
+    r = subprocess.run([sys.executable, "-m", "bench.probes.pages", *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == f"pages.py: error: {why}"
+    assert results.read_bytes() == before
 
 
 @pytest.mark.c

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.support.measure import THREADS, append, pin_threads, positive_int, summary
+from bench.support.measure import THREADS, append, pin_threads, positive_int, summary, x86_level
 
 CHILD = """
 import json, sys, time
@@ -89,14 +89,18 @@ def main() -> None:
     ap.add_argument("--steps", type=positive_int, default=30)
     ap.add_argument("--past", type=positive_int, default=256)
     ap.add_argument("-m", "--model", default="default", help="'default', a GGUF file or a Hugging Face directory")
-    ap.add_argument("--march", default=None, help="another level than this CPU's, e.g. x86-64-v3 (AVX2)")
+    ap.add_argument("--march", type=x86_level, default=None, help="another level than this CPU's, e.g. x86-64-v3 (AVX2)")
     args = ap.parse_args()
     pin_threads()
     from nanocompile.engine.compiled import CompiledSession
+    from nanocompile.errors import ModelError
     from nanocompile.models import load_model
     from nanocompile.target import detect_march
 
-    model = load_model(args.model, progress=False)
+    try:
+        model = load_model(args.model, progress=False)
+    except ModelError as e:
+        ap.error(str(e))
     session = CompiledSession.from_weights(model.config, model.weights, n_ctx=64, threads=THREADS,
                                            weights_key=model.key, precision=args.precision, march=args.march)
     packed = session.packed_path

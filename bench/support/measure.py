@@ -87,6 +87,19 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def x86_level(text: str) -> str:
+    """An argparse type: an x86-64 level the compiler knows (x86-64-v3, x86-64-v4+vnni, ...)."""
+    import argparse
+
+    from nanocompile.target import level_flags
+
+    try:
+        level_flags(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def append(record: dict, path: Path = RESULTS) -> None:
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "threads": THREADS, "machine": machine(), **record}
     with open(path, "a") as f:

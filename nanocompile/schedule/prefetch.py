@@ -66,7 +66,7 @@ def _block_fetches(reduction: Loop, d: FetchNextBlock, dtypes: dict) -> tuple:
     by the first row tile only. Quants read in 4-6 bits are fetched in their storage's bytes."""
     steps = reduction.extent.value
     inner = {lp.var for lp in loops(reduction.body)}
-    bits = {n.b.param: n.b_bits for n in walk(reduction) if isinstance(n, Dot) and isinstance(n.b, Load)}
+    bits = _quant_bits(reduction)
     blocks = {}
     for ld in loads(reduction.body):
         terms, _ = linear(ld.index)
@@ -117,14 +117,14 @@ def _ahead_fetches(reduction: Loop, d: FetchAhead, dtypes: dict) -> dict:
     d.bytes on. Loops inside it (a step's dot products) only move within the lines fetched."""
     nest = {lp.var: lp for lp in [reduction] + loops(reduction.body)}
     depth = {var: len(find_loop((reduction,), var)[1]) for var in nest}
-    bits = {n.b.param: n.b_bits for n in walk(reduction) if isinstance(n, Dot) and isinstance(n.b, Load)}
+    bits = _quant_bits(reduction)
     found, done = {}, set()
     for ld in loads(reduction.body):
         if ld.param in done or ld.param not in bits or DTYPE_BYTES[dtypes[ld.param]] != 1:
             continue
         terms, const = linear(ld.index)
         terms.pop(Lane(), None)
-        width = bits.get(ld.param, 8)
+        width = bits[ld.param]
         column = terms.pop(Var(d.columns), None)
         steps = {a.name: c * width for a, c in terms.items() if isinstance(a, Var) and a.name in nest}
         if column is None or any(c % 8 for c in steps.values()) or column * width % 8:
@@ -146,6 +146,11 @@ def _ahead_fetches(reduction: Loop, d: FetchAhead, dtypes: dict) -> dict:
         count = -(-steps[at] // LINE_BYTES)
         found[at] = found.get(at, ()) + (Loop(line, IConst(count), (Prefetch(ld.param, index, near=True),)),)
     return found
+
+
+def _quant_bits(reduction: Loop) -> dict:
+    """The weights of the dot products inside reduction -> the bits each is stored in (4-8)."""
+    return {n.b.param: n.b_bits for n in walk(reduction) if isinstance(n, Dot) and isinstance(n.b, Load)}
 
 
 def _loop(k: Kernel, var: str, who: str) -> tuple[Loop, tuple]:
