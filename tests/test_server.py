@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import openai
@@ -18,6 +19,7 @@ from helpers import LiveServer
 from session_wrappers import FaultySession, SlowSession
 
 from nanocompile import Model
+from nanocompile.target import detect_march
 from nanocompile.engine.interpreted import InterpreterSession
 from nanocompile.server import create_app
 
@@ -27,6 +29,8 @@ GREEDY = {"temperature": 0}
 
 
 # a real `nanocompile serve` on the default model ----------------------------------------------------
+
+SERVER_LOG: list[str] = []  # what the real server printed up to its serving line
 
 @pytest.fixture(scope="module")
 def real_server(real_model):
@@ -39,6 +43,7 @@ def real_server(real_model):
         assert p.poll() is None and time.time() < end, "".join(lines)
         time.sleep(0.1)
     port = re.search(r"http://127\.0\.0\.1:(\d+)/v1", "".join(lines)).group(1)
+    SERVER_LOG[:] = lines
     yield f"http://127.0.0.1:{port}"
     p.send_signal(signal.SIGTERM)
     assert p.wait(60) == 0 and "the server stopped" in "".join(lines), "".join(lines)
@@ -192,6 +197,33 @@ def test_stop_sequences_seed_and_models(real_server):
                                    stop=["\n"], **GREEDY)
     assert "\n" not in stopped.choices[0].text and stopped.choices[0].finish_reason == "stop"
     assert [m.id for m in c.models.list().data] == ["qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"]
+
+
+def test_the_real_server_drafts_by_default_where_its_library_runs_16_lane_vnni(real_server):
+    """Issue 27, point 5: prompt lookup is on by default in the server where a verify step's rows
+    are cheap (16-lane VNNI products) and off elsewhere; the serving line says which."""
+    serving = next(line for line in SERVER_LOG if "serving" in line)
+    march = detect_march()[0]
+    assert ("prompt lookup on" in serving) == march.startswith("x86-64-v4+vnni"), (march, serving)
+
+
+@pytest.mark.parametrize("flag, march, on", [
+    (None, "x86-64-v4+vnni", True), (None, "x86-64-v4+vnni+amx", True), (None, "x86-64-v3", False),
+    (None, "x86-64-v3+vnni", False), (None, "x86-64-v4", False), (None, None, False),
+    (False, "x86-64-v4+vnni", False), (True, "x86-64-v3", True)])
+def test_serve_lookup_default_and_flags(flag, march, on):
+    """`serve` without --lookup or --no-lookup drafts only on 16-lane VNNI libraries (None: the
+    interpreter); --no-lookup turns the default off; --lookup's parameters reach the default."""
+    from nanocompile.cli import build_parser
+    from nanocompile.cli.common import lookup_from
+    from nanocompile.cli.serve import default_lookup
+
+    argv = ["serve", "--draft-max", "5"] + {None: [], True: ["--lookup"], False: ["--no-lookup"]}[flag]
+    args = build_parser().parse_args(argv)
+    model = SimpleNamespace(session=SimpleNamespace(march=march) if march else SimpleNamespace(),
+                            lookup=lookup_from(args) or None)
+    default_lookup(args, model)
+    assert bool(model.lookup) == on and (not on or model.lookup.draft_max == 5)
 
 
 def test_api_key_and_health(real_server):

@@ -91,18 +91,24 @@ def sampling_from(args) -> dict:
 def add_lookup_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("prompt lookup (speculative decoding from the context: the same tokens, "
                              "several verified in one step)")
-    g.add_argument("--lookup", action="store_true",
-                   help="draft tokens by finding the last tokens earlier in the context (docs/LOOKUP.md)")
+    g.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=None,
+                   help="draft tokens by finding the last tokens earlier in the context (docs/LOOKUP.md); "
+                        "default: off, but on in serve where the library runs 16-lane VNNI products")
     g.add_argument("--draft-max", type=int, default=16, help="the most tokens drafted for one step (llama.cpp's name)")
     g.add_argument("--lookup-ngram-min", type=int, default=1, help="the shortest run of last tokens looked up")
     g.add_argument("--lookup-ngram-max", type=int, default=4, help="the longest run of last tokens looked up")
 
 
-def lookup_from(args):
-    """The lookup flags as the API's lookup argument (False when off), checked before the model loads."""
+def lookup_params(args):
+    """The lookup flags' parameters, checked before the model loads."""
     from ..engine.lookup import LookupParams
 
-    params = LookupParams(args.draft_max, args.lookup_ngram_min, args.lookup_ngram_max).check(flag_names=True)
+    return LookupParams(args.draft_max, args.lookup_ngram_min, args.lookup_ngram_max).check(flag_names=True)
+
+
+def lookup_from(args):
+    """The lookup flags as the API's lookup argument (False when off or not given)."""
+    params = lookup_params(args)
     return params if args.lookup else False
 
 

@@ -12,7 +12,8 @@ import socket
 import sys
 
 from ..errors import NanocompileError
-from .common import (add_lookup_flags, add_model_flags, add_sampling_flags, open_model,
+from ..engine.lookup import on_by_default
+from .common import (add_lookup_flags, add_model_flags, add_sampling_flags, lookup_params, open_model,
                      sampling_from, set_blas_threads)
 
 
@@ -25,6 +26,13 @@ def bind(host: str, port: int) -> socket.socket:
         return socket.create_server((host, port), family=family, backlog=128)
     except (OSError, socket.gaierror) as e:
         raise NanocompileError(f"cannot listen on {host}:{port} ({e.strerror or e})") from None
+
+
+def default_lookup(args, model) -> None:
+    """Without --lookup or --no-lookup the server drafts where its library runs 16-lane VNNI
+    products (engine.lookup.on_by_default), with the other lookup flags' parameters."""
+    if args.lookup is None and on_by_default(getattr(model.session, "march", None)):
+        model.lookup = lookup_params(args)
 
 
 def cmd_serve(args) -> int:
@@ -44,6 +52,7 @@ def cmd_serve(args) -> int:
     sock = bind(args.host, args.port)
     model = open_model(args, args.ctx_size)
     model.progress = False  # no prompt bars for requests
+    default_lookup(args, model)
     if args.parallel > 1 and model.backend != "compiled":
         raise NanocompileError("--parallel needs the compiled backend (its batched step)")
     app = create_app(model, model_id=args.alias, api_key=api_key, max_queue=args.queue, max_body=args.max_body,

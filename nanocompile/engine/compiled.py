@@ -141,6 +141,11 @@ class CompiledSession:
         return self._module
 
     @property
+    def march(self) -> str:
+        """The target the library was built for (x86-64-v3, x86-64-v4+vnni, ...)."""
+        return self.built.fingerprint["march"]
+
+    @property
     def weights_bytes(self) -> int:
         """The packed weights' bytes (what a step reads), in the layout and form the library runs."""
         return self.built.weights_bytes
