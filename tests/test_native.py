@@ -523,6 +523,26 @@ def test_a_k_format_embedding_runs_bitwise(tiny_k_embedding, monkeypatch):
     assert_bitwise_agree(compiled, plain, interp, ids)
 
 
+@pytest.mark.parametrize("march", ["x86-64-v4+vnni", "x86-64-v3"])
+def test_no_projection_adds_up_its_activations_again_per_column_block(tiny_k_embedding, march):
+    """Every K-format projection, the head of a decode step's last row included, reads its
+    activations' sub-block sums from the kernel that computes them once per row (Kernel.sums):
+    none calls nc_sum_i8 inside its column loop. The last row's activations are a [1, K] view
+    whose axis of one carries stride 0; taken for not row-major, the Q6_K head summed 16 bytes
+    per sub-block per column block (reading them made the 1.5B's one-row step at x86-64-v3 0.984x as long)."""
+    from nanocompile.codegen.render import render_tree
+    from nanocompile.engine.open import open_model
+
+    model, _ = tiny_k_embedding
+    module = open_model(model, "native", march).compile()
+    heads = [k for name, k in module.kernels.items() if name.startswith("matmul_store_1x")]
+    assert heads and all(k.sums for k in heads), [(k.name, k.sums) for k in heads]
+    source = render_tree(module)["model.c"]
+    functions = {part.split("(", 1)[0]: part for part in source.split("\nstatic void ")[1:]}
+    matmuls = {name: body for name, body in functions.items() if name.startswith("matmul")}
+    assert matmuls and not [name for name, body in matmuls.items() if "nc_sum_i8(" in body]
+
+
 def test_a_type_without_a_description_falls_back_alone_and_one_nobody_reads_is_refused(tmp_path):
     """IQ4_NL (no description here; the gguf library reads it): that tensor alone is requantized
     to Q8_0 from the gguf library's values, the others run as stored, and auto is native. Q8_K (no

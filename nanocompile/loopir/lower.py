@@ -355,8 +355,7 @@ class KernelBody:
     def given_sums(self, xq, xs, count: int) -> None:
         """Records that xs holds xq's sums over runs of count (a matmul's xs operand, both whole
         row-major buffers), so a schedule that needs them (schedule/unsigned.py) reads them."""
-        if all(isinstance(v, V.View) and isinstance(v.base, str) and v.offset == Expr.of(0)
-               and v.strides == V.contiguous_strides(v.shape) for v in (xq, xs)):
+        if all(isinstance(v, V.View) and isinstance(v.base, str) and V.is_row_major(v) for v in (xq, xs)):
             self.kb.sums.append((self.kb.param(xq.base, "i8", "read"), count, self.kb.param(xs.base, "f32", "read")))
 
     def block_matmul(self, n: Node, args, idx) -> Acc:
