@@ -37,8 +37,8 @@ def contiguous_strides(shape) -> tuple[Expr, ...]:
 
 
 def is_row_major(v: View) -> bool:
-    """v reads its whole base row by row: no offset, contiguous strides on every axis longer than
-    one (an axis of one element may carry any stride, as reshape gives it 0)."""
+    """v reads its base row by row from its start: no offset, contiguous strides on every axis
+    longer than one (an axis of one element may carry any stride: reshape gives it 0)."""
     return v.offset == Expr.of(0) and all(
         d == 1 or st == want for d, st, want in zip(v.shape, v.strides, contiguous_strides(v.shape)))
 
