@@ -19,9 +19,9 @@ from helpers import LiveServer
 from session_wrappers import FaultySession, SlowSession
 
 from nanocompile import Model
-from nanocompile.target import detect_march
 from nanocompile.engine.interpreted import InterpreterSession
 from nanocompile.server import create_app
+from nanocompile.target import detect_march
 
 NC = [sys.executable, "-m", "nanocompile"]
 KEY = "sk-test-key"
@@ -31,6 +31,7 @@ GREEDY = {"temperature": 0}
 # a real `nanocompile serve` on the default model ----------------------------------------------------
 
 SERVER_LOG: list[str] = []  # what the real server printed up to its serving line
+
 
 @pytest.fixture(scope="module")
 def real_server(real_model):

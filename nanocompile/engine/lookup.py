@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import InputError
+from ..target import split_target
 
 # a step of k rows costs about 1 + PRIOR_ROW_COST * (k - 1) steps of one, until measured
 PRIOR_ROW_COST = 0.15
@@ -49,7 +50,10 @@ def on_by_default(march: str | None) -> bool:
     one (issue 27, point 1), so a rejected draft costs little and free text decodes as fast as
     without (0.97-1.00x batched, docs/LOOKUP.md). At 8 lanes a verify step's rows are bound by
     their arithmetic (2.7x one row at 8 rows) and drafting stays opt-in."""
-    return bool(march) and march.startswith("x86-64-v4+vnni")
+    if not march:
+        return False
+    level, vnni = split_target(march)
+    return level == "x86-64-v4" and vnni
 
 
 @dataclass(frozen=True)
