@@ -667,3 +667,8 @@ def test_serve_refuses_a_port_in_use_before_loading_the_model():
     r = subprocess.run([*NC, "serve", "--queue", "-1"], capture_output=True, text=True, timeout=60,
                        env={**os.environ})
     assert r.returncode == 1 and "--queue must be >= 0" in r.stderr
+    # without --lookup too: the server may draft by default, so its parameters are checked first
+    r = subprocess.run([*NC, "serve", "-m", "/nonexistent.gguf", "--draft-max", "0"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "--draft-max must be a whole number of at least 1, got 0" in r.stderr
+    assert "Traceback" not in r.stderr and "/nonexistent.gguf" not in r.stderr
