@@ -364,13 +364,15 @@ nc_pool *nc_pool_create(int n_threads)
 
 int nc_pool_threads(const nc_pool *p) { return p ? p->n_threads : 1; }
 
-int nc_pool_chunks(const nc_pool *p, int64_t extent)
+int nc_pool_chunks_of(const nc_pool *p, int64_t extent, int per_thread)
 {
     if (!p || p->n_threads == 1 || extent <= 1)
         return 1;
-    int64_t most = (int64_t)NC_CHUNKS_PER_THREAD * p->active;
+    int64_t most = (int64_t)(per_thread < 1 ? 1 : per_thread) * p->active;
     return clamp_chunks((int)(extent < most ? extent : most));
 }
+
+int nc_pool_chunks(const nc_pool *p, int64_t extent) { return nc_pool_chunks_of(p, extent, NC_CHUNKS_PER_THREAD); }
 
 /* Every call on the calling thread, each as one chunk: no other thread is involved. */
 static void run_alone(int n_calls, nc_begin_fn begin, nc_chunk_fn run, void *ctx)

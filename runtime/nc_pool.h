@@ -40,6 +40,9 @@ void nc_pool_run(nc_pool *pool, int n_calls, nc_begin_fn begin, nc_chunk_fn run,
 /* Chunks worth handing out for a parallel loop of `extent` iterations: at most the extent, and
  * a few per thread that can run at once (threads beyond the cores add no chunks). */
 int nc_pool_chunks(const nc_pool *pool, int64_t extent);
+/* The same with at most `per_thread` chunks per thread that can run at once (>= 1): the
+ * generated model chooses it (codegen/render.py CHUNKS_PER_THREAD). */
+int nc_pool_chunks_of(const nc_pool *pool, int64_t extent, int per_thread);
 
 /* The part [lo, hi) of 0..extent that chunk t of n computes: contiguous, sizes differ by <= 1. */
 static inline void nc_split(int64_t extent, int t, int n, int64_t *lo, int64_t *hi)

@@ -179,6 +179,26 @@ def test_native_library_is_bitwise_its_unscheduled_build_and_the_interpreter(tin
     assert again.packed_path == compiled.packed_path
 
 
+@pytest.mark.c
+def test_a_call_cut_into_more_chunks_gives_the_same_bits(tiny_native, tmp_path, monkeypatch):
+    """How finely the pool cuts a call (codegen/render.py CHUNKS_PER_THREAD: one chunk per thread
+    that can run, 16 at 8 before phase 24) changes no bit: libraries cutting 1, 3 and 8 chunks per
+    thread give the same logits for a prompt over two chunks and for cached steps, at 3 threads."""
+    from nanocompile.codegen import render
+
+    model, _ = tiny_native
+    ids = [int(t) for t in np.random.default_rng(5).integers(0, model.config.vocab_size, DEFAULT_CHUNK + 6)]
+    runs = []
+    for per_thread in (1, 3, 8):
+        monkeypatch.setattr(render, "CHUNKS_PER_THREAD", per_thread)
+        monkeypatch.setenv("NANOCOMPILE_CACHE", str(tmp_path / f"cache{per_thread}"))  # a library of its own
+        s = open_session(model, "compiled", n_ctx=128, threads=3, precision="native")
+        assert f"#define CHUNKS_PER_THREAD {per_thread} " in (s.lib.path.parent / "model.c").read_text()
+        runs.append([s.step(ids, all_logits=True)] + [s.step([t]) for t in (7, 70, 700 % model.config.vocab_size)])
+    for other in runs[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(runs[0], other))
+
+
 def test_narrow_projections_take_a_verify_steps_rows_in_one_tile(tiny_native):
     """At 16 lanes a projection whose quants all stay in 4-6 bits tiles 8 rows x 1 column vector
     (a verify or batched step of 8 rows is one tile); one reading Q8_0's full bytes keeps 6 x 2;

@@ -18,6 +18,7 @@ import numpy as np
 from ..codegen.cexpr import C_TYPES
 from ..codegen.data import data_root, sources_digest
 from ..codegen.options import Options
+from ..codegen import render
 from ..codegen.render import const_data, environment, kernel_data
 from ..ir.expr import evaluate_shape
 from ..ir.graph import Graph
@@ -57,6 +58,7 @@ def render_graph(graph: Graph, max_seq: int = 16, max_past: int = 16, fuse: bool
         "external": [{"name": b.name, "kind": b.kind, "ctype": C_TYPES[b.dtype], "note": b.note,
                       "packed": packed.get(b.name, ())} for b in external],
         "calls": [{"kernel": c.kernel, "args": list(c.args)} for c in prog.calls],
+        "chunks_per_thread": render.CHUNKS_PER_THREAD,
     }
     text = environment().get_template("graph.c.j2").render(**data)
     return text, data["external"], plan.arena_bytes, module.march

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..codegen.cexpr import C_TYPES
+from ..codegen import render
 from ..codegen.render import environment, kernel_data
 from ..compiler.graph_library import compile_source
 from ..loopir.ir import Buffer, Kernel
@@ -49,7 +50,8 @@ class KernelHarness:
         named = [dataclasses.replace(k, name=f"nc_schedule_{i}") for i, k in enumerate(self.kernels)]
         casts = [f"({C_TYPES[p.dtype]} *)b[{i}]" for i, p in enumerate(reference.params)]
         source = environment().get_template("tune.c.j2").render(
-            generator=GENERATOR, kernels=[kernel_data(k) for k in named], casts=casts)
+            generator=GENERATOR, kernels=[kernel_data(k) for k in named], casts=casts,
+            chunks_per_thread=render.CHUNKS_PER_THREAD)
         directory = directory or Path(tempfile.gettempdir()) / f"nanocompile-tune-{os.getuid()}"
         self.path = compile_source(source, march, directory)
         self.lib = ctypes.CDLL(str(self.path))
