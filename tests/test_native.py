@@ -182,7 +182,7 @@ def test_native_library_is_bitwise_its_unscheduled_build_and_the_interpreter(tin
 @pytest.mark.c
 def test_a_call_cut_into_more_chunks_gives_the_same_bits(tiny_native, tmp_path, monkeypatch):
     """How finely the pool cuts a call (codegen/render.py CHUNKS_PER_THREAD: one chunk per thread
-    that can run, 16 at 8 before phase 24) changes no bit: libraries cutting 1, 3 and 8 chunks per
+    that can run since phase 24, up to 8 before) changes no bit: libraries cutting 1, 3 and 8 chunks per
     thread give the same logits for a prompt over two chunks and for cached steps, at 3 threads."""
     from nanocompile.codegen import render
 

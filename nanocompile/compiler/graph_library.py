@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..codegen import render
 from ..codegen.cexpr import C_TYPES
 from ..codegen.data import data_root, sources_digest
 from ..codegen.options import Options
-from ..codegen import render
 from ..codegen.render import const_data, environment, kernel_data
 from ..ir.expr import evaluate_shape
 from ..ir.graph import Graph

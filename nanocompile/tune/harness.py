@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..codegen.cexpr import C_TYPES
 from ..codegen import render
+from ..codegen.cexpr import C_TYPES
 from ..codegen.render import environment, kernel_data
 from ..compiler.graph_library import compile_source
 from ..loopir.ir import Buffer, Kernel
