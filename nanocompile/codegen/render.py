@@ -23,7 +23,7 @@ from .module import Module
 # them out by fetch-add). One: a decode step's projections read their weights in one stream per
 # thread instead of 8 pieces claimed in turn. The C tree alone on a Zen 4, alternated builds: the
 # 1.5B's decode step at x86-64-v3 0.903x with 1, 0.912x with 2 against 8 (10 rounds), the
-# default model's at x86-64-v4+vnni 0.952x (8 of 8), its 256-token prompt 0.966x; with a busy
+# default model's at x86-64-v4+vnni 0.952x (8 of 8), a prompt of 256 rows 0.966x; with a busy
 # loop on one core, 2 threads still decode 1.06x and prefill 1.01x one (bench.probes.contention,
 # gate 0.9x; docs/results/phase24.md)
 CHUNKS_PER_THREAD = 1
