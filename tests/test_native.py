@@ -462,6 +462,48 @@ def test_k_format_tile_sums_are_bitwise_at_every_row_count(tiny_k_wide, monkeypa
         assert same_bits(logits, interp.step(ids, all_logits=True)), len(ids)
 
 
+def test_a_k_format_swiglu_pair_takes_six_rows_a_tile_at_16_lanes(tiny_k_wide):
+    """The K-format SwiGLU pair keeps six sums a row (two float, four int32), so SUPERBLOCK_BUDGET's
+    40 registers give it row tiles of 6 at 16 lanes (an 8-row step: one tile and a pair), the
+    single K-format projections 8; at 8 lanes the budget of 24 gives it 2 rows of two column
+    vectors. Compiled for each level: no CPU of that level needed."""
+    from nanocompile.engine.open import open_model
+    from nanocompile.schedule import Split
+
+    model, _ = tiny_k_wide
+    for march, pair_rows, single_rows in (("x86-64-v4+vnni", 6, 8), ("x86-64-v3", 2, 4)):
+        module = open_model(model, "native", march).compile(out=lambda _: None)
+        rows = {name: next(d.factor for d in k.schedule if isinstance(d, Split) and d.loop == "i0")
+                for name, k in module.kernels.items() if name.startswith("matmul")
+                and any(isinstance(d, Split) and d.loop == "i0" for d in k.schedule)}
+        pairs = {rows[name] for name in rows if name.startswith("matmul2_")}
+        assert pairs == {pair_rows}, (march, rows)
+        assert single_rows in set(rows.values()), (march, rows)
+
+
+@pytest.mark.c
+@pytest.mark.levels
+def test_k_format_steps_of_every_row_count_are_bitwise_the_interpreter(tiny_k_wide, monkeypatch):
+    """Steps of 1 to 17 rows after a prompt (the pair's 6-row tiles: one rebuilding its bytes in
+    registers, two or more reading them unpacked; the rows left over in a tile of 4, a pair and
+    one): every row's logits and the KV cache bit for bit the interpreter's, at every level this
+    CPU runs."""
+    model, cache = tiny_k_wide
+    monkeypatch.setenv("NANOCOMPILE_CACHE", str(cache))
+    rng = np.random.default_rng(9)
+    compiled = open_session(model, "compiled", n_ctx=256, threads=2, precision="native")
+    interp = InterpreterSession.from_weights(model.config, model.weights, n_ctx=256, precision="native")
+    prompt = [int(t) for t in rng.integers(0, model.config.vocab_size, 20)]
+    for s in (compiled, interp):
+        s.step(prompt)
+    for rows in range(1, 18):
+        ids = [int(t) for t in rng.integers(0, model.config.vocab_size, rows)]
+        assert same_bits(compiled.step(ids, all_logits=True), interp.step(ids, all_logits=True)), rows
+    for layer in range(model.config.num_hidden_layers):
+        for a, kv in zip(compiled.read_cache(layer), "kv"):
+            assert same_bits(a, interp.cache[f"cache.{layer}.{kv}"]), (layer, kv)
+
+
 # an embedding in a K format, tied and untied -------------------------------------------------------
 
 # widths of whole 256-weight super-blocks, as every Qwen2.5 from 1.5B up has

@@ -78,6 +78,8 @@ def profile(model, prompt, module, precision: str | None = None, threads: int = 
     phases = {"prefill": prefill}
     if verify:
         past = s.past
+        s.step(prompt[:verify], all_logits=True)  # warm-up: the pages of every row's logits faulted in
+        s.truncate(past)
         _, phases[f"verify {verify} rows"] = measure(prompt[:verify], all_logits=True)
         s.truncate(past)
     token = int(np.argmax(logits))
@@ -143,6 +145,8 @@ def main() -> None:
     prompt = [int(t) for t in np.random.default_rng(0).integers(1000, 100000, n)]
     prof = profile(model, prompt, module, precision, args.threads, args.verify or 0, args.sequences or 0)
     print_profile(prof, 10)
+    if args.verify:
+        print_beside(prof, f"verify {args.verify} rows", 16)
     if args.sequences:
         print_beside(prof, f"{args.sequences} sequences", 16)
     append({"bench": "profile", "model": str(model.source), "precision": precision, "prompt": n, "march": module.options.march,

@@ -85,8 +85,12 @@ PANEL_BYTES = 768 * 1024
 # one row of two column vectors; with 24 it has two rows, the single projections four, and the
 # prefill ran 1.17x, decode 1.00x (bench.probes.superblock_tile, 5 rounds); one column vector of
 # 4-8 rows (the pair's weights inside L1) was no faster for the pair and slower for the rest in
-# the per-kernel profile (phase19.md)
-SUPERBLOCK_BUDGET = {16: 24, 8: 24}
+# the per-kernel profile (phase19.md). At 16 lanes 40: the K-format SwiGLU pair (six sums a row)
+# takes row tiles of 6 instead of 4, the single projections stay at 8 rows. On a Zen 4, the 3B
+# shape's C tree, processes alternated: an 8-row step 0.893x (faster in 10 of 10), one row 1.000x;
+# bench.probes.setting on the 1.5B and 3B shapes: 8 rows 0.89x, 96 rows 1.00-1.01x; 48 (one 8-row
+# tile) was slower, 8 rows 1.05x and 96 rows 1.15x against 40 (phase25.md)
+SUPERBLOCK_BUDGET = {16: 40, 8: 24}
 NARROW_LANES = (8, 16)  # weights in 4-6 bits: read by 8- and 16-lane dot products (schedule/narrow.py)
 SUPERBLOCK_ROWS = 8  # the most rows a superblock projection's tile holds
 SUPERBLOCK_COLUMNS = {16: (1, 2, 4), 8: (2, 4, 1)}  # column vectors per tile, in the order tried
