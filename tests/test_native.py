@@ -234,13 +234,18 @@ def test_a_verify_steps_rows_in_narrow_tiles_are_bitwise_the_interpreter(tiny_na
     interpreter's, at every level this CPU runs."""
     model, cache = tiny_native
     monkeypatch.setenv("NANOCOMPILE_CACHE", str(cache))
-    rng = np.random.default_rng(8)
-    compiled = open_session(model, "compiled", n_ctx=128, threads=2, precision="native")
-    interp = InterpreterSession.from_weights(model.config, model.weights, n_ctx=128, precision="native")
+    assert_steps_bitwise(model, (3, 4, 5, 7, 8, 9, 11, 15, 16, 17), np.random.default_rng(8))
+
+
+def assert_steps_bitwise(model, row_counts, rng) -> None:
+    """After a 20-id prompt, a step of each of row_counts rows with every row's logits: the native
+    library's logits and, after them all, its KV cache bit for bit the interpreter's."""
+    compiled = open_session(model, "compiled", n_ctx=256, threads=2, precision="native")
+    interp = InterpreterSession.from_weights(model.config, model.weights, n_ctx=256, precision="native")
     prompt = [int(t) for t in rng.integers(0, model.config.vocab_size, 20)]
     for s in (compiled, interp):
         s.step(prompt)
-    for rows in (3, 4, 5, 7, 8, 9, 11, 15, 16, 17):
+    for rows in row_counts:
         ids = [int(t) for t in rng.integers(0, model.config.vocab_size, rows)]
         assert same_bits(compiled.step(ids, all_logits=True), interp.step(ids, all_logits=True)), rows
     for layer in range(model.config.num_hidden_layers):
@@ -490,18 +495,7 @@ def test_k_format_steps_of_every_row_count_are_bitwise_the_interpreter(tiny_k_wi
     CPU runs."""
     model, cache = tiny_k_wide
     monkeypatch.setenv("NANOCOMPILE_CACHE", str(cache))
-    rng = np.random.default_rng(9)
-    compiled = open_session(model, "compiled", n_ctx=256, threads=2, precision="native")
-    interp = InterpreterSession.from_weights(model.config, model.weights, n_ctx=256, precision="native")
-    prompt = [int(t) for t in rng.integers(0, model.config.vocab_size, 20)]
-    for s in (compiled, interp):
-        s.step(prompt)
-    for rows in range(1, 18):
-        ids = [int(t) for t in rng.integers(0, model.config.vocab_size, rows)]
-        assert same_bits(compiled.step(ids, all_logits=True), interp.step(ids, all_logits=True)), rows
-    for layer in range(model.config.num_hidden_layers):
-        for a, kv in zip(compiled.read_cache(layer), "kv"):
-            assert same_bits(a, interp.cache[f"cache.{layer}.{kv}"]), (layer, kv)
+    assert_steps_bitwise(model, range(1, 18), np.random.default_rng(9))
 
 
 # an embedding in a K format, tied and untied -------------------------------------------------------
