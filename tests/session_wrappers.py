@@ -48,3 +48,18 @@ class SlowSession(WrappedSession):
     def step(self, tokens, all_logits: bool = False):
         time.sleep(self.delay)
         return super().step(tokens, all_logits)
+
+
+class EndlessSession(WrappedSession):
+    """Never ends an answer by itself: the logits of `ids` (the model's end-of-text tokens) are
+    put 100 below the row's smallest, so a sampled answer runs until its context is full or it is
+    stopped (a random tiny model otherwise ends some answers after a token or two)."""
+
+    def __init__(self, inner, ids):
+        super().__init__(inner)
+        self.ids = sorted(ids)
+
+    def step(self, tokens, all_logits: bool = False):
+        logits = np.array(super().step(tokens, all_logits))
+        logits[..., self.ids] = logits.min(axis=-1, keepdims=True) - 100.0
+        return logits

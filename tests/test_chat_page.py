@@ -13,7 +13,7 @@ from itertools import count
 import httpx
 import pytest
 from helpers import LiveServer
-from session_wrappers import SlowSession
+from session_wrappers import EndlessSession, SlowSession
 
 from nanocompile import Model
 from nanocompile.engine.interpreted import InterpreterSession
@@ -82,8 +82,11 @@ class Browser:
 
 
 def test_the_chat_page_streams_an_answer_shows_its_speed_and_stops_one(tiny_chat_model, tmp_path):
-    session = SlowSession(InterpreterSession.from_weights(tiny_chat_model.config, tiny_chat_model.weights, n_ctx=256),
-                          delay=0.03)
+    inner = InterpreterSession.from_weights(tiny_chat_model.config, tiny_chat_model.weights, n_ctx=256)
+    # no answer ends early (a sampled end-of-text after two characters left nothing to stop)
+    ends = Model.from_session(tiny_chat_model, inner).eos_token_ids
+    assert ends
+    session = SlowSession(EndlessSession(inner, ends), delay=0.03)
     server = LiveServer(create_app(Model.from_session(tiny_chat_model, session)))
     page = httpx.get(server.url + "/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
