@@ -478,9 +478,9 @@ def test_a_k_format_swiglu_pair_takes_six_rows_a_tile_at_16_lanes(tiny_k_wide):
     model, _ = tiny_k_wide
     for march, pair_rows, single_rows in (("x86-64-v4+vnni", 6, 8), ("x86-64-v3", 2, 4)):
         module = open_model(model, "native", march).compile(out=lambda _: None)
-        rows = {name: next(d.factor for d in k.schedule if isinstance(d, Split) and d.loop == "i0")
-                for name, k in module.kernels.items() if name.startswith("matmul")
-                and any(isinstance(d, Split) and d.loop == "i0" for d in k.schedule)}
+        splits = {name: [d.factor for d in k.schedule if isinstance(d, Split) and d.loop == "i0"]
+                  for name, k in module.kernels.items() if name.startswith("matmul")}
+        rows = {name: factors[0] for name, factors in splits.items() if factors}
         pairs = {rows[name] for name in rows if name.startswith("matmul2_")}
         assert pairs == {pair_rows}, (march, rows)
         assert single_rows in set(rows.values()), (march, rows)
