@@ -115,3 +115,46 @@ def test_machine_probes_refuse_a_thread_count_below_one(probe):
                        text=True, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == f"{probe}.py: error: argument --threads: '0': a whole number, at least 1"
+
+
+@pytest.mark.parametrize("args, why", [
+    (["MIN_TILES", "2", "3"], "argument setting: 'MIN_TILES': a setting is MODULE:NAME, e.g. "
+                              "nanocompile.schedule.unpack:MIN_TILES"),
+    (["nanocompile.schedule.unpack:MIN_TILES", "2"], "the following arguments are required: values"),
+    (["nanocompile.schedule.unpack:MAX_TILES", "2", "3"], "nanocompile.schedule.unpack has no MAX_TILES"),
+    (["nanocompile.schedule.unpack:MIN_TILES", "2", "3", "--rows", "17"],
+     "argument --rows: '17': the timing program takes 1 to 16 rows"),
+    (["nanocompile.schedule.unpack:MIN_TILES", "2", "3", "--past", "5000"], "--past is at most 4096"),
+])
+def test_tree_ab_refuses_what_it_cannot_run(args, why):
+    """bench/probes/tree_ab.py: one line, no tree written."""
+    r = subprocess.run([sys.executable, "-m", "bench.probes.tree_ab", *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == f"tree_ab.py: error: {why}"
+
+
+@pytest.mark.c
+def test_tree_ab_times_two_trees_that_compute_the_same(tmp_path):
+    """Two trees of the tiny K-format GGUF written with Unpack's MIN_TILES at two values, each
+    built and timed in its own process: the probe finds the same hash of the 8-row step's logits in
+    every process (else it exits 1), prints each measure's ratio, keeps the trees where asked and
+    appends nothing."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from helpers import write_k_gguf
+
+    path = write_k_gguf(tmp_path / "k.gguf")
+    results = ROOT / "bench" / "results.jsonl"
+    before = results.read_bytes() if results.exists() else b""
+    env = {**os.environ, "NANOCOMPILE_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "bench.probes.tree_ab", "nanocompile.schedule.unpack:MIN_TILES",
+                        "{8: 2, 16: 2}", "{8: 1, 16: 1}", "-m", str(path), "--rounds", "2", "--steps", "2",
+                        "--past", "24", "--keep", str(tmp_path / "trees"), "--no-append"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "{8: 1, 16: 1} / {8: 2, 16: 2}, 2 rounds, processes alternated:" in r.stdout, r.stdout
+    for label in ("prompt", "one", "8 rows"):
+        assert f"  {label} " in r.stdout, r.stdout
+    assert (tmp_path / "trees" / "baseline" / "tree_steps").exists()
+    assert (tmp_path / "trees" / "variant" / "tree_steps").exists()
+    assert (results.read_bytes() if results.exists() else b"") == before
