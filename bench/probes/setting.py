@@ -32,6 +32,16 @@ def constant(text: str) -> tuple[str, str]:
     return module, name
 
 
+def require_setting(ap: argparse.ArgumentParser, module: str, name: str) -> None:
+    """ap.error (one line, exit 2) unless module imports and has name."""
+    try:
+        found = hasattr(importlib.import_module(module), name)
+    except ImportError:
+        ap.error(f"no module {module}")
+    if not found:
+        ap.error(f"{module} has no {name}")
+
+
 def literal(text: str):
     try:
         return ast.literal_eval(text)
@@ -66,12 +76,7 @@ def main() -> None:
     if len(args.values) < 2:
         ap.error("at least two values: the baseline, then the ones to compare with it")
     module, name = args.setting
-    try:
-        found = hasattr(importlib.import_module(module), name)
-    except ImportError:
-        ap.error(f"no module {module}")
-    if not found:
-        ap.error(f"{module} has no {name}")
+    require_setting(ap, module, name)
     pin_threads()
     model = load_model(args.model, progress=False)
     ids = [int(t) for t in np.random.default_rng(0).integers(1000, 100000, args.past + max(args.rows))]

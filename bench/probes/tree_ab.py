@@ -12,7 +12,6 @@ process must print the same hash of its ROWS-row logits: a setting of the schedu
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import shutil
 import statistics
@@ -20,7 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from bench.probes.setting import constant, literal, setting
+from bench.probes.setting import constant, literal, require_setting, setting
 from bench.support.measure import THREADS, append, positive_int, two_sided_sign_test, x86_level
 
 HERE = Path(__file__).resolve().parent
@@ -77,12 +76,7 @@ def main() -> None:
     ap.add_argument("--no-append", action="store_true", help="print only, record nothing")
     args = ap.parse_args()
     module, name = args.setting
-    try:
-        found = hasattr(importlib.import_module(module), name)
-    except ImportError:
-        ap.error(f"no module {module}")
-    if not found:
-        ap.error(f"{module} has no {name}")
+    require_setting(ap, module, name)
     if args.past > 4096:
         ap.error("--past is at most 4096")
     if args.march:
