@@ -263,6 +263,25 @@ static inline nc_i32x16 nc_dot4u_16(nc_i32x16 acc, const int8_t *x, const int8_t
 }
 #endif
 
+/* nc_dot2w_16(acc, x0, x1, m0, m1): acc + x0 * m0[l] + x1 * m1[l] in each int32 lane l, exactly,
+ * for x0 and x1 within int16 and m0, m1 16 int8 values each (schedule/minpairs.py): each lane holds
+ * m0[l] and m1[l] as its int16 halves and the broadcast x0 and x1 as theirs, and vpdpwssd adds both
+ * products (vpmaddwd and an add without VNNI). */
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+static inline nc_i32x16 nc_dot2w_16(nc_i32x16 acc, int32_t x0, int32_t x1, const int8_t *m0, const int8_t *m1)
+{
+    __m512i low = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)m0));
+    __m512i high = _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)m1)), 16);
+    __m512i m = _mm512_mask_blend_epi16(0xAAAAAAAAu, low, high); /* odd int16 halves from high */
+    __m512i x = _mm512_set1_epi32((int32_t)(((uint32_t)x0 & 0xffffu) | ((uint32_t)x1 << 16)));
+#if defined(__AVX512VNNI__)
+    return (nc_i32x16)_mm512_dpwssd_epi32((__m512i)acc, m, x);
+#else
+    return acc + (nc_i32x16)_mm512_madd_epi16(m, x);
+#endif
+}
+#endif
+
 /* a * b + c rounded once in every lane: the scalar code's fmaf, lane by lane (vfmadd) */
 #if defined(__AVX2__) && defined(__FMA__)
 static inline nc_f32x8 nc_fma8(nc_f32x8 a, nc_f32x8 b, nc_f32x8 c)

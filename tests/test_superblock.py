@@ -251,3 +251,46 @@ def test_operands_are_checked():
     with pytest.raises(IRError, match="exceed 256"):
         b.superblock_matmul(xq512, xd512, b.weight("qs2", [8, 512], "i8"), b.weight("sc2", [8, 16], "i8"),
                             b.weight("d2", [8, 1], "f16"))
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K"])
+@pytest.mark.parametrize("columns, rows", [(1, 0), (1, 6), (2, 3)])
+@pytest.mark.parametrize("march", ["x86-64-v4+vnni", "x86-64-v4"])
+def test_mins_in_int16_pairs_are_bitwise(march, name, columns, rows, monkeypatch):
+    """MinPairs: the mins term two sub-blocks at a time in each lane's int16 halves (vpdpwssd; without
+    VNNI vpmaddwd and an add), in a loop after the sub-block loop: bitwise the interpreter at 1, 3
+    and 7 rows, with a row of every bit set (the largest mins) and activations at the int8 limits."""
+    from nanocompile.schedule import MinPairs
+
+    use_target(march, monkeypatch)
+    fmt, _, w = weights_of(name, seed=9)
+    g = superblock_graph(fmt, 512, 64)
+
+    def schedule(k):
+        found = _superblock_column_loop(k)
+        if not found:
+            return ()
+        return narrow_schedule(k, fmt, columns, rows, 16, dot_weight_offset(march)) + (MinPairs(found[3].var),)
+
+    lib = GraphLibrary(g, fuse=True, schedule=schedule)
+    assert "nc_dot2w_16(" in lib.source
+    check_bitwise(lib, g, w, np.random.default_rng(10))
+
+
+def test_min_pairs_only_where_a_mins_term_fits_int16(monkeypatch):
+    """The recipe pairs the mins at 16 lanes for a format with mins (Q4_K), not for one without
+    (Q6_K), nor at 8 lanes; the directive refuses a kernel with no mins term to pair."""
+    from nanocompile.schedule import MinPairs, ScheduleError, apply
+
+    for march, name, paired in (("x86-64-v4+vnni", "Q4_K", True), ("x86-64-v4+vnni", "Q6_K", False),
+                                ("x86-64-v3", "Q4_K", False)):
+        use_target(march, monkeypatch)
+        fmt, _, _ = weights_of(name, seed=9)
+        lib = GraphLibrary(superblock_graph(fmt, 512, 64), fuse=True, schedule="default")
+        assert ("MinPairs(" in lib.source) == paired, (march, name)
+        assert ("nc_dot2w_16(" in lib.source) == paired, (march, name)
+    fmt, _, _ = weights_of("Q6_K", seed=9)
+    k = next(k for k in graph_kernels(superblock_graph(fmt, 512, 64)).values() if _superblock_column_loop(k))
+    subs = _superblock_column_loop(k)[3]
+    with pytest.raises(ScheduleError, match="sums no mins term"):
+        apply(k, narrow_schedule(k, fmt, 1, 0, 16, 128) + (MinPairs(subs.var),))

@@ -8,7 +8,8 @@ import numpy as np
 from ..ir.expr import Expr
 from ..loopir.affine import build, linear
 from ..loopir.ir import (PAIRS, Acc, AccInit, AccUpdate, Bin, ByteSum, Cast, Dot, FConst, Fma, IConst, Lane, LaneMax,
-                         Load, Loop, NarrowByte, Poly, Prefetch, Select, Store, TileSums, Un, UnpackBytes, Var, dtype_of)
+                         Load, Loop, NarrowByte, PairDot, Poly, Prefetch, Select, Store, TileSums, Un, UnpackBytes, Var,
+                         dtype_of)
 from ..loopir.traverse import fold, walk
 from ..loopir.traverse import statements as all_statements
 
@@ -94,6 +95,8 @@ def c(e, top: bool = True) -> str:
         terms = [f"(int32_t){e.a.param}[{c(fold(Bin('+', e.a.index, IConst(t))))}] * "
                  f"{b_type}{e.b.param}[{c(fold(Bin('+', e.b.index, IConst(t))))}]" for t in range(e.width)]
         return wrap(" + ".join([c(e.acc, False)] + terms))
+    if isinstance(e, PairDot):  # the scalar form: both products, exact in int32
+        return wrap(f"{c(e.acc, False)} + {c(e.x0, False)} * {c(e.m0, False)} + {c(e.x1, False)} * {c(e.m1, False)}")
     if isinstance(e, ByteSum):
         return f"nc_sum_i8({address(e.a.param, e.a.index)}, {e.count})"
     if isinstance(e, NarrowByte):  # scalar code only (schedule/narrow.py refuses lanes)
@@ -349,6 +352,11 @@ class VectorC:
                         f"{self.address(w.param, w.index, e.b_bits, 8)})")
             return (f"{helper}_{self.lanes}({self.splat(e.acc)}, {self.address(x.param, x.index)}, "
                     f"{self.address(w.param, w.index)})")
+        if isinstance(e, PairDot):  # two int16 products a lane (schedule/minpairs.py): one vpdpwssd
+            if self.lanes != 16:
+                raise TypeError(f"paired products at {self.lanes} lanes (MinPairs is for 16)")
+            return (f"nc_dot2w_16({self.splat(e.acc)}, {c(e.x0, False)}, {c(e.x1, False)}, "
+                    f"{self.address(e.m0.a.param, e.m0.a.index)}, {self.address(e.m1.a.param, e.m1.a.index)})")
         if isinstance(e, Acc) and e.name in self.pairs:  # int16 pairs read: their int32 sum
             return f"nc_pairs_sum_{self.lanes}({e.name})"
         if isinstance(e, Acc):

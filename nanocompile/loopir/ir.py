@@ -158,6 +158,19 @@ class Dot(Node):
 
 
 @dataclass(frozen=True)
+class PairDot(Node):
+    """acc + x0 * m0 + x1 * m1, exact in int32: two products side by side in the int16 halves of
+    one lane (vpdpwssd), schedule/minpairs.py. x0, x1: int32 values the same in every lane, within
+    int16; m0, m1: int8 values read converted (i32 of a load), one per lane."""
+    acc: Node
+    x0: Node
+    x1: Node
+    m0: Node
+    m1: Node
+    CHILDREN: ClassVar = ("acc", "x0", "x1", "m0", "m1")
+
+
+@dataclass(frozen=True)
 class LaneMax(Node):
     """The maximum of a vector local's lanes (a: its Acc), NaN propagating (nc_lane_max)."""
     a: Node
@@ -392,6 +405,9 @@ def format_expr(e) -> str:
         unsigned = f", unsigned {e.b.param} - {e.b_offset}" if e.b_offset else ""
         unsigned += f" in {e.b_bits} bits" if e.b_bits != 8 else ""
         return f"dot{e.width}({format_expr(e.acc)}, {format_expr(e.a)}, {format_expr(e.b)}{unsigned})"
+    if isinstance(e, PairDot):
+        return (f"dot2({format_expr(e.acc)}, {format_expr(e.x0)} * {format_expr(e.m0)}, "
+                f"{format_expr(e.x1)} * {format_expr(e.m1)})")
     if isinstance(e, ByteSum):
         return f"sum{e.count}({format_expr(e.a)})"
     if isinstance(e, NarrowByte):
@@ -411,7 +427,7 @@ def dtype_of(e, dtypes: dict) -> str:
         return e.dtype
     if isinstance(e, (FConst, Fma, LaneMax)):
         return "f32"
-    if isinstance(e, (Dot, ByteSum)):
+    if isinstance(e, (Dot, ByteSum, PairDot)):
         return "i32"
     if isinstance(e, NarrowByte):
         return "u8"

@@ -9,12 +9,12 @@ value no order changes). recipes.py chooses a schedule per
 kernel class; program.py schedules a whole program, agreeing on weight layouts.
 """
 from .apply import apply, first_legal, is_legal
-from .directives import (AmxSums, ByteSums, DotProduct, FetchAhead, FetchNextBlock, LaneReduce, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split,
+from .directives import (AmxSums, ByteSums, DotProduct, FetchAhead, FetchNextBlock, LaneReduce, MinPairs, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split,
                          Unpack, Unroll, UnrollJam, Vectorize)
 from .loops import check_parallel
 from .program import schedule_program
 from .recipes import default_schedule
 
 __all__ = ["apply", "first_legal", "is_legal", "default_schedule", "schedule_program", "check_parallel",
-           "ScheduleError", "AmxSums", "ByteSums", "DotProduct", "FetchAhead", "FetchNextBlock", "LaneReduce", "Pack", "PairSums", "Parallel", "PrefetchNext", "Reorder", "Split", "Unpack",
+           "ScheduleError", "AmxSums", "ByteSums", "DotProduct", "FetchAhead", "FetchNextBlock", "LaneReduce", "MinPairs", "Pack", "PairSums", "Parallel", "PrefetchNext", "Reorder", "Split", "Unpack",
            "Unroll", "UnrollJam", "Vectorize"]

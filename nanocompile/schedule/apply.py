@@ -7,11 +7,12 @@ import dataclasses
 from ..loopir.ir import Kernel
 from .blocking import pack
 from .bytesums import byte_sums
-from .directives import (AmxSums, ByteSums, DotProduct, FetchAhead, FetchNextBlock, LaneReduce, Pack, PairSums, Parallel,
-                         PrefetchNext, Reorder, RowSlices, ScheduleError, Split, Unpack, Unroll, UnrollJam, Vectorize)
+from .directives import (AmxSums, ByteSums, DotProduct, FetchAhead, FetchNextBlock, LaneReduce, MinPairs, Pack, PairSums,
+                         Parallel, PrefetchNext, Reorder, RowSlices, ScheduleError, Split, Unpack, Unroll, UnrollJam, Vectorize)
 from .dot import dot_product
 from .lanes import lane_reduce
 from .loops import check_chunks, parallel, reorder, split, unroll, unroll_jam
+from .minpairs import min_pairs
 from .pairs import pair_sums
 from .prefetch import fetch_ahead, fetch_next_block, prefetch_next
 from .slices import row_slices
@@ -22,7 +23,7 @@ from .vector import check_lanes, vectorize
 RULES = {Split: split, Reorder: reorder, Unroll: unroll, UnrollJam: unroll_jam, Vectorize: vectorize, Pack: pack,
          Parallel: parallel, DotProduct: dot_product, LaneReduce: lane_reduce, PrefetchNext: prefetch_next,
          Unpack: unpack, PairSums: pair_sums, FetchNextBlock: fetch_next_block, ByteSums: byte_sums,
-         AmxSums: amx_sums, FetchAhead: fetch_ahead}
+         AmxSums: amx_sums, FetchAhead: fetch_ahead, MinPairs: min_pairs}
 
 
 def apply(k: Kernel, schedule) -> Kernel:

@@ -235,6 +235,18 @@ class PairSums:
 
 
 @dataclass(frozen=True)
+class MinPairs:
+    """Sum a super-block's mins term (each row's activation sum of a sub-block times the column's
+    int8 min, over the sub-blocks of loop `loop`) two sub-blocks at a time in the int16 halves of
+    each lane, one vpdpwssd per pair, in a loop of its own after `loop` (schedule/minpairs.py):
+    where the activation sums fit int16, so every sum is the same integer."""
+    loop: str
+
+    def __str__(self) -> str:
+        return f"MinPairs({self.loop})"
+
+
+@dataclass(frozen=True)
 class Parallel:
     """Split the iterations of loop `loop` across the threads."""
     loop: str

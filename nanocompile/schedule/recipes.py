@@ -42,7 +42,7 @@ from ..loopir.ir import AccInit, AccUpdate, IConst, Kernel, Loop, Poly, Var
 from ..loopir.traverse import find_loop, loads, loops
 from .apply import apply, first_legal, is_legal
 from .bytesums import byte_sum_loops, byte_sums
-from .directives import (ByteSums, DotProduct, FetchAhead, FetchNextBlock, LaneReduce, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split,
+from .directives import (ByteSums, DotProduct, FetchAhead, FetchNextBlock, LaneReduce, MinPairs, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split,
                          Unpack, Unroll, UnrollJam, Vectorize)
 from .loops import check_parallel, check_unroll_jam, has_tail
 from .pairs import LANES as PAIR_LANES
@@ -94,6 +94,10 @@ SUPERBLOCK_BUDGET = {16: 40, 8: 24}
 NARROW_LANES = (8, 16)  # weights in 4-6 bits: read by 8- and 16-lane dot products (schedule/narrow.py)
 SUPERBLOCK_ROWS = 8  # the most rows a superblock projection's tile holds
 SUPERBLOCK_COLUMNS = {16: (1, 2, 4), 8: (2, 4, 1)}  # column vectors per tile, in the order tried
+# lanes whose superblock projections sum the mins term in int16 pairs of sub-blocks (MinPairs, one
+# vpdpwssd a pair): the 3B's Q4_K SwiGLU pair cut out of the generated C, 0.932x at 96 rows and
+# 0.920x at 8 with the pairs written by hand (phase26.md)
+MINPAIR_LANES = 16
 # bytes ahead in its quants' storage that a single row's quantized product fetches into L1, by
 # lanes (FetchAhead; 0: none). The Q4_K 8960x1536 one-row product alone at x86-64-v3, two
 # threads, alternated call by call: 1 KiB ahead faster in 826-894 of 990 calls (1.13-1.17x in
@@ -220,14 +224,18 @@ def _superblock_projection(k: Kernel, col: Loop, row, supers: Loop, subs: Loop, 
         return
     budget = SUPERBLOCK_BUDGET[lanes]
     sums = sum(1 for s in col.body + supers.body if isinstance(s, AccInit))
+    # the mins term (Q4_K, Q5_K) two sub-blocks a vpdpwssd where it applies, else the same without
+    pairs = [[MinPairs(subs.var)], []] if lanes == MINPAIR_LANES else [[]]
     for columns in SUPERBLOCK_COLUMNS[lanes]:
         # at least one row inside the columns: each column block's weights read by every row of
         # a prefill chunk from L1 or L2, not once per row from memory
         rows = max(1, min(SUPERBLOCK_ROWS, budget // (columns * sums)))
-        if row is not None and not isinstance(row.extent, IConst):
-            yield superblock_projection(col, row, supers, subs, products, lanes, *operands, dot_offset, columns, rows,
-                                        narrow)
-        yield superblock_projection(col, row, supers, subs, products, lanes, *operands, dot_offset, columns, 0, narrow)
+        for extra in pairs:
+            if row is not None and not isinstance(row.extent, IConst):
+                yield superblock_projection(col, row, supers, subs, products, lanes, *operands, dot_offset, columns,
+                                            rows, narrow) + extra
+            yield superblock_projection(col, row, supers, subs, products, lanes, *operands, dot_offset, columns, 0,
+                                        narrow) + extra
 
 
 def superblock_projection(col: Loop, row, supers: Loop, subs: Loop, products: Loop, lanes: int, quants: list,
