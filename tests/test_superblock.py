@@ -253,7 +253,7 @@ def test_operands_are_checked():
                             b.weight("d2", [8, 1], "f16"))
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K"])
+@pytest.mark.parametrize("name", ["Q2_K", "Q4_K", "Q5_K"])
 @pytest.mark.parametrize("columns, rows", [(1, 0), (1, 6), (2, 3)])
 @pytest.mark.parametrize("march", ["x86-64-v4+vnni", "x86-64-v4"])
 def test_mins_in_int16_pairs_are_bitwise(march, name, columns, rows, monkeypatch):
@@ -279,7 +279,8 @@ def test_mins_in_int16_pairs_are_bitwise(march, name, columns, rows, monkeypatch
 
 def test_min_pairs_only_where_a_mins_term_fits_int16(monkeypatch):
     """The recipe pairs the mins at 16 lanes for a format with mins (Q4_K), not for one without
-    (Q6_K), nor at 8 lanes; the directive refuses a kernel with no mins term to pair."""
+    (Q6_K), nor at 8 lanes; the directive refuses a kernel with no mins term to pair; where AMX
+    tile sums apply they take the mins themselves, and the schedule is the one without MinPairs."""
     from nanocompile.schedule import MinPairs, ScheduleError, apply
 
     for march, name, paired in (("x86-64-v4+vnni", "Q4_K", True), ("x86-64-v4+vnni", "Q6_K", False),
@@ -294,3 +295,12 @@ def test_min_pairs_only_where_a_mins_term_fits_int16(monkeypatch):
     subs = _superblock_column_loop(k)[3]
     with pytest.raises(ScheduleError, match="sums no mins term"):
         apply(k, narrow_schedule(k, fmt, 1, 0, 16, 128) + (MinPairs(subs.var),))
+    from nanocompile.schedule import AmxSums
+    from nanocompile.schedule.program import with_tile_sums
+
+    fmt, _, _ = weights_of("Q4_K", seed=9)
+    k = next(k for k in graph_kernels(superblock_graph(fmt, 512, 64)).values() if _superblock_column_loop(k))
+    plain = narrow_schedule(k, fmt, 1, 6, 16, 0)
+    tiled = with_tile_sums(k, plain + (MinPairs(_superblock_column_loop(k)[3].var),))
+    assert any(isinstance(d, AmxSums) for d in tiled) and not any(isinstance(d, MinPairs) for d in tiled)
+    assert tiled == with_tile_sums(k, plain)

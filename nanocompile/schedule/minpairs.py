@@ -1,11 +1,11 @@
 """MinPairs: a super-block's mins term two sub-blocks at a time, one vpdpwssd per pair.
 
-A K format with sub-block mins (Q4_K, Q5_K) sums, for each row, column vector and super-block,
+A K format with sub-block mins (Q2_K, Q4_K, Q5_K) sums, for each row, column vector and super-block,
 
     reduce s in 0..n:  isum2 = isum2 + i32(xs[row, s]) * i32(mins[col, s])
 
 where xs holds each sub-block's activation sum (Kernel.sums: whole numbers of magnitude at most
-128 * run) and mins the int8 sub-mins: one vector multiply and one add per sub-block, row and
+128 * run, as the interpreter requires of a matmul's xs operand) and mins the int8 sub-mins: one vector multiply and one add per sub-block, row and
 matrix, on the pipes the dot products use (16-18% of the 3B sibling's Q4_K SwiGLU pair,
 docs/results/phase26.md). Where the sums fit int16 (run <= 255) two sub-blocks' products share
 one int32 lane as int16 halves:
@@ -22,7 +22,7 @@ import dataclasses
 
 from ..loopir.affine import linear
 from ..loopir.ir import REDUCTION, Acc, AccInit, AccUpdate, Bin, Cast, IConst, Kernel, Lane, Load, Loop, PairDot, Var
-from ..loopir.traverse import rewrite, statements, statements_in_loops, substitute, walk
+from ..loopir.traverse import contains, rewrite, statements, statements_in_loops, substitute, walk
 from .directives import MinPairs, ScheduleError
 
 LANES = 16  # vpdpwssd on 512-bit vectors (nc_dot2w_16)
@@ -34,12 +34,12 @@ def min_pairs(k: Kernel, d: MinPairs) -> tuple:
               if isinstance(s, Loop) and s.var == d.loop and any(lp.lanes == LANES for lp in outer)}
     if not inside:
         raise ScheduleError(f"{k.name}: no loop {d.loop!r} inside a loop of {LANES} lanes to pair the mins of")
-    i32 = {s.name for s in statements(k.body) if isinstance(s, AccInit) and s.dtype == "i32"}
+    int32_locals = {s.name for s in statements(k.body) if isinstance(s, AccInit) and s.dtype == "i32"}
     paired = []
 
     def pair(n):
         if isinstance(n, Loop) and id(n) in inside:
-            new = _paired(k, n, i32)
+            new = _paired(k, n, int32_locals)
             if new is not None:
                 paired.append(n.var)
                 return new
@@ -51,12 +51,12 @@ def min_pairs(k: Kernel, d: MinPairs) -> tuple:
     return body
 
 
-def _paired(k: Kernel, loop: Loop, i32: set):
+def _paired(k: Kernel, loop: Loop, int32_locals: set):
     """(the loop without its mins updates, the loop of their pairs), or None."""
     n = loop.extent.value if isinstance(loop.extent, IConst) else 0
     if loop.role != REDUCTION or loop.lanes or loop.parallel or n < 2 or n % 2:
         return None
-    terms = {i: t for i, s in enumerate(loop.body) if (t := _term(k, s, i32)) is not None}
+    terms = {i: t for i, s in enumerate(loop.body) if (t := _term(k, s, int32_locals)) is not None}
     names = [t[0] for t in terms.values()]
     if not terms or len(set(names)) != len(names):
         return None
@@ -68,6 +68,8 @@ def _paired(k: Kernel, loop: Loop, i32: set):
         if any(isinstance(t, (AccInit, AccUpdate)) and t.name in names for t in statements((s,))):
             return None
     var = loop.var + "p"
+    if any(isinstance(s, Loop) and s.var == var for s in statements(k.body)):
+        return None
 
     def at(e, half: int):
         first = Bin("*", IConst(2), Var(var))
@@ -79,10 +81,10 @@ def _paired(k: Kernel, loop: Loop, i32: set):
     return dataclasses.replace(loop, body=rest), Loop(var, IConst(n // 2), updates, role=REDUCTION)
 
 
-def _term(k: Kernel, s, i32: set):
+def _term(k: Kernel, s, int32_locals: set):
     """(name, x, m) if s is name = name + x * m: x an activation sum that fits int16, the same in
     every lane; m an int8 read one per lane; name an int32 local."""
-    if not (isinstance(s, AccUpdate) and s.kind == "sum" and s.name in i32 and isinstance(s.value, Bin)
+    if not (isinstance(s, AccUpdate) and s.kind == "sum" and s.name in int32_locals and isinstance(s.value, Bin)
             and s.value.op == "+" and s.value.a == Acc(s.name)):
         return None
     product = s.value.b
@@ -100,7 +102,7 @@ def _small_sum(k: Kernel, x) -> bool:
     if not (isinstance(x, Cast) and x.dtype == "i32" and isinstance(x.a, Load)):
         return False
     runs = [run for _, run, sums in k.sums if sums == x.a.param]
-    return bool(runs) and 128 * max(runs) <= INT16_MAX and Lane() not in linear(x.a.index)[0]
+    return bool(runs) and 128 * max(runs) <= INT16_MAX and not contains(x.a.index, Lane)
 
 
 def _lane_int8(k: Kernel, m) -> bool:
@@ -108,4 +110,6 @@ def _lane_int8(k: Kernel, m) -> bool:
     if not (isinstance(m, Cast) and m.dtype == "i32" and isinstance(m.a, Load)):
         return False
     dtypes = {p.name: p.dtype for p in k.params}
-    return dtypes.get(m.a.param) == "i8" and linear(m.a.index)[0].get(Lane(), 0) == 1
+    terms = linear(m.a.index)[0]
+    return (dtypes.get(m.a.param) == "i8" and terms.get(Lane(), 0) == 1
+            and not any(a != Lane() and contains(a, Lane) for a in terms))

@@ -13,7 +13,7 @@ import hashlib
 from ..loopir.ir import Kernel, format_kernel
 from .apply import apply, first_legal, is_legal
 from .blocking import weight_layouts
-from .directives import AmxSums, Pack, Reorder, RowSlices, Split, Unpack
+from .directives import AmxSums, MinPairs, Pack, Reorder, RowSlices, Split, Unpack
 from .recipes import NARROW_LANES, default_schedule
 from .tiles import tile_sums_rows
 
@@ -195,8 +195,11 @@ def with_tile_sums(k: Kernel, schedule, max_rows: int = 0) -> tuple:
     and with Unpack and AmxSums for a weight kept narrow whose column block the recipe did not
     rebuild for its size (the 7B shape's down projection, 18944 inputs: AmxSums rebuilds a
     super-block at a time, so the column block's bytes are never held); then RowSlices where
-    fewer rows than max_rows keep the sums' activations in L2 (the same down projection)."""
-    schedule = tuple(schedule)
+    fewer rows than max_rows keep the sums' activations in L2 (the same down projection). Where
+    AmxSums applies, MinPairs is left out: the tile sums take the mins term from the sub-block
+    loop themselves (schedule/tiles.py)."""
+    full = tuple(schedule)
+    schedule = tuple(d for d in full if not isinstance(d, MinPairs))
     unpacked = {d.param: d.at for d in schedule if isinstance(d, Unpack)}
     tiled = _row_tile_loop(schedule)
     if tiled:
@@ -210,7 +213,9 @@ def with_tile_sums(k: Kernel, schedule, max_rows: int = 0) -> tuple:
             tried = schedule + (AmxSums(param, at),)
             if is_legal(k, tried):
                 schedule = tried
-    rows = tile_sums_rows(apply(k, schedule)) if any(isinstance(e, AmxSums) for e in schedule) else 0
+    if not any(isinstance(e, AmxSums) for e in schedule):
+        return full
+    rows = tile_sums_rows(apply(k, schedule))
     if 0 < rows < max_rows and is_legal(k, schedule + (RowSlices(rows),)):
         schedule += (RowSlices(rows),)
     return schedule

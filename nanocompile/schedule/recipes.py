@@ -95,8 +95,8 @@ NARROW_LANES = (8, 16)  # weights in 4-6 bits: read by 8- and 16-lane dot produc
 SUPERBLOCK_ROWS = 8  # the most rows a superblock projection's tile holds
 SUPERBLOCK_COLUMNS = {16: (1, 2, 4), 8: (2, 4, 1)}  # column vectors per tile, in the order tried
 # lanes whose superblock projections sum the mins term in int16 pairs of sub-blocks (MinPairs, one
-# vpdpwssd a pair): the 3B's Q4_K SwiGLU pair cut out of the generated C, 0.932x at 96 rows and
-# 0.920x at 8 with the pairs written by hand (phase26.md)
+# vpdpwssd a pair): the 3B's C tree with it against without, a 256-id prompt 0.958x, an 8-row step
+# 0.944x, one row 0.995x; the default model unchanged (phase26.md)
 MINPAIR_LANES = 16
 # bytes ahead in its quants' storage that a single row's quantized product fetches into L1, by
 # lanes (FetchAhead; 0: none). The Q4_K 8960x1536 one-row product alone at x86-64-v3, two
@@ -224,8 +224,11 @@ def _superblock_projection(k: Kernel, col: Loop, row, supers: Loop, subs: Loop, 
         return
     budget = SUPERBLOCK_BUDGET[lanes]
     sums = sum(1 for s in col.body + supers.body if isinstance(s, AccInit))
-    # the mins term (Q4_K, Q5_K) two sub-blocks a vpdpwssd where it applies, else the same without
-    pairs = [[MinPairs(subs.var)], []] if lanes == MINPAIR_LANES else [[]]
+    # a mins term (Q2_K, Q4_K, Q5_K: the activations' sums read in the super-block) two sub-blocks a
+    # vpdpwssd where it applies, else the same schedule without
+    activation_sums = {name for _, _, name in k.sums}
+    mins = any(ld.param in activation_sums for ld in loads(supers.body))
+    pairs = [[MinPairs(subs.var)], []] if lanes == MINPAIR_LANES and mins else [[]]
     for columns in SUPERBLOCK_COLUMNS[lanes]:
         # at least one row inside the columns: each column block's weights read by every row of
         # a prefill chunk from L1 or L2, not once per row from memory
