@@ -12,6 +12,7 @@ process must print the same hash of its ROWS-row logits: a setting of the schedu
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -54,6 +55,12 @@ def row_count(text: str) -> int:
     return rows
 
 
+def built_for(tree: Path) -> str:
+    """The x86-64 level the tree's library was generated for (its fingerprint's march)."""
+    fingerprint = json.loads((tree / "manifest.json").read_text())["fingerprint"]
+    return (json.loads(fingerprint) if isinstance(fingerprint, str) else fingerprint)["march"]
+
+
 def run(tree: Path, steps: int, rows: int, past: int) -> dict:
     line = subprocess.run([str(tree / "tree_steps"), str(tree / "weights.bin"), str(steps), str(rows), str(THREADS),
                            str(past)],
@@ -88,6 +95,7 @@ def main() -> None:
             with setting(module, name, value):
                 write_tree(args.model, tree, args.chunk)
             build(tree)
+        levels = sorted({built_for(tree) for tree in trees})
         results = {tree: [] for tree in trees}
         for r in range(args.rounds):
             for tree in trees if r % 2 == 0 else reversed(trees):
@@ -100,7 +108,7 @@ def main() -> None:
     if len(hashes) != 1:
         raise SystemExit(f"tree_ab: the {args.rows}-row logits differ between processes: {sorted(hashes)}")
     record = {"bench": "c_tree_ab", "setting": f"{module}:{name}", "values": [repr(v) for v in args.values],
-              "model": args.model, "march": args.march or "this CPU", "chunk": args.chunk, "rounds": args.rounds,
+              "model": args.model, "march": ", ".join(levels), "chunk": args.chunk, "rounds": args.rounds,
               "steps": args.steps, "rows": args.rows, "past": args.past, "how": "bench.probes.tree_ab",
               "logits_hash": hashes.pop(),
               "per_round_ms": {"baseline": base, "variant": variant}}
