@@ -5,8 +5,8 @@ A K format with sub-block mins (Q2_K, Q4_K, Q5_K) sums, for each row, column vec
     reduce s in 0..n:  isum2 = isum2 + i32(xs[row, s]) * i32(mins[col, s])
 
 where xs holds each sub-block's activation sum (Kernel.sums: whole numbers of magnitude at most
-128 * run, as the interpreter requires of a matmul's xs operand) and mins the int8 sub-mins: one vector multiply and one add per sub-block, row and
-matrix, on the pipes the dot products use (16-18% of the 3B sibling's Q4_K SwiGLU pair,
+128 * run, as the interpreter requires of a matmul's xs operand) and mins the int8 sub-mins: one
+vector multiply and one add per sub-block, row and matrix, on the pipes the dot products use (16-18% of the 3B sibling's Q4_K SwiGLU pair,
 docs/results/phase26.md). Where the sums fit int16 (run <= 255) two sub-blocks' products share
 one int32 lane as int16 halves:
 
@@ -35,18 +35,12 @@ def min_pairs(k: Kernel, d: MinPairs) -> tuple:
     if not inside:
         raise ScheduleError(f"{k.name}: no loop {d.loop!r} inside a loop of {LANES} lanes to pair the mins of")
     int32_locals = {s.name for s in statements(k.body) if isinstance(s, AccInit) and s.dtype == "i32"}
-    paired = []
 
     def pair(n):
-        if isinstance(n, Loop) and id(n) in inside:
-            new = _paired(k, n, int32_locals)
-            if new is not None:
-                paired.append(n.var)
-                return new
-        return None
+        return _paired(k, n, int32_locals) if isinstance(n, Loop) and id(n) in inside else None
 
     body = rewrite(k.body, pair)
-    if not paired:
+    if body == k.body:
         raise ScheduleError(f"{k.name}: loop {d.loop!r} sums no mins term that fits int16 pairs")
     return body
 

@@ -45,6 +45,7 @@ from .bytesums import byte_sum_loops, byte_sums
 from .directives import (ByteSums, DotProduct, FetchAhead, FetchNextBlock, LaneReduce, MinPairs, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split,
                          Unpack, Unroll, UnrollJam, Vectorize)
 from .loops import check_parallel, check_unroll_jam, has_tail
+from .minpairs import LANES as MINPAIRS_WIDTH
 from .pairs import LANES as PAIR_LANES
 from .pairs import pairs_fit
 from .unpack import MOST_BYTES as UNPACK_BYTES
@@ -97,7 +98,7 @@ SUPERBLOCK_COLUMNS = {16: (1, 2, 4), 8: (2, 4, 1)}  # column vectors per tile, i
 # lanes whose superblock projections sum the mins term in int16 pairs of sub-blocks (MinPairs, one
 # vpdpwssd a pair): the 3B's C tree with it against without, a 256-id prompt 0.958x, an 8-row step
 # 0.944x, one row 0.995x; the default model unchanged (phase26.md)
-MINPAIR_LANES = 16
+MINPAIR_LANES = MINPAIRS_WIDTH
 # bytes ahead in its quants' storage that a single row's quantized product fetches into L1, by
 # lanes (FetchAhead; 0: none). The Q4_K 8960x1536 one-row product alone at x86-64-v3, two
 # threads, alternated call by call: 1 KiB ahead faster in 826-894 of 990 calls (1.13-1.17x in
