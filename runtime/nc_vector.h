@@ -263,17 +263,37 @@ static inline nc_i32x16 nc_dot4u_16(nc_i32x16 acc, const int8_t *x, const int8_t
 }
 #endif
 
-/* nc_dot2w_16(acc, x0, x1, m0, m1): acc + x0 * m0[l] + x1 * m1[l] in each int32 lane l, exactly,
- * for x0 and x1 within int16 and m0, m1 16 int8 values each (schedule/minpairs.py): each lane holds
+/* nc_dot2w_L(acc, x0, x1, m0, m1): acc + x0 * m0[l] + x1 * m1[l] in each int32 lane l, exactly,
+ * for x0 and x1 within int16 and m0, m1 L int8 values each (schedule/minpairs.py): each lane holds
  * m0[l] and m1[l] as its int16 halves and the broadcast x0 and x1 as theirs, and vpdpwssd adds both
  * products (vpmaddwd and an add without VNNI). */
+static inline int32_t nc_int16_pair(int32_t x0, int32_t x1)
+{
+    return (int32_t)(((uint32_t)x0 & 0xffffu) | ((uint32_t)x1 << 16));
+}
+#if defined(__AVX2__)
+static inline nc_i32x8 nc_dot2w_8(nc_i32x8 acc, int32_t x0, int32_t x1, const int8_t *m0, const int8_t *m1)
+{
+    __m256i low = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)m0));
+    __m256i high = _mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)m1)), 16);
+    __m256i m = _mm256_blend_epi16(low, high, 0xAA); /* odd int16 halves from high */
+    __m256i x = _mm256_set1_epi32(nc_int16_pair(x0, x1));
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return (nc_i32x8)_mm256_dpwssd_epi32((__m256i)acc, m, x);
+#elif defined(__AVXVNNI__)
+    return (nc_i32x8)_mm256_dpwssd_avx_epi32((__m256i)acc, m, x);
+#else
+    return acc + (nc_i32x8)_mm256_madd_epi16(m, x);
+#endif
+}
+#endif
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 static inline nc_i32x16 nc_dot2w_16(nc_i32x16 acc, int32_t x0, int32_t x1, const int8_t *m0, const int8_t *m1)
 {
     __m512i low = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)m0));
     __m512i high = _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)m1)), 16);
     __m512i m = _mm512_mask_blend_epi16(0xAAAAAAAAu, low, high); /* odd int16 halves from high */
-    __m512i x = _mm512_set1_epi32((int32_t)(((uint32_t)x0 & 0xffffu) | ((uint32_t)x1 << 16)));
+    __m512i x = _mm512_set1_epi32(nc_int16_pair(x0, x1));
 #if defined(__AVX512VNNI__)
     return (nc_i32x16)_mm512_dpwssd_epi32((__m512i)acc, m, x);
 #else

@@ -255,11 +255,13 @@ def test_operands_are_checked():
 
 @pytest.mark.parametrize("name", ["Q2_K", "Q4_K", "Q5_K"])
 @pytest.mark.parametrize("columns, rows", [(1, 0), (1, 6), (2, 3)])
-@pytest.mark.parametrize("march", ["x86-64-v4+vnni", "x86-64-v4"])
-def test_mins_in_int16_pairs_are_bitwise(march, name, columns, rows, monkeypatch):
+@pytest.mark.parametrize("march, lanes", [("x86-64-v4+vnni", 16), ("x86-64-v4", 16), ("x86-64-v3+vnni", 8),
+                                          ("x86-64-v3", 8)])
+def test_mins_in_int16_pairs_are_bitwise(march, lanes, name, columns, rows, monkeypatch):
     """MinPairs: the mins term two sub-blocks at a time in each lane's int16 halves (vpdpwssd; without
-    VNNI vpmaddwd and an add), in a loop after the sub-block loop: bitwise the interpreter at 1, 3
-    and 7 rows, with a row of every bit set (the largest mins) and activations at the int8 limits."""
+    VNNI vpmaddwd and an add), in a loop after the sub-block loop, at 16 and 8 lanes: bitwise the
+    interpreter at 1, 3 and 7 rows, with a row of every bit set (the largest mins) and activations
+    at the int8 limits."""
     from nanocompile.schedule import MinPairs
 
     use_target(march, monkeypatch)
@@ -270,26 +272,27 @@ def test_mins_in_int16_pairs_are_bitwise(march, name, columns, rows, monkeypatch
         found = _superblock_column_loop(k)
         if not found:
             return ()
-        return narrow_schedule(k, fmt, columns, rows, 16, dot_weight_offset(march)) + (MinPairs(found[3].var),)
+        return narrow_schedule(k, fmt, columns, rows, lanes, dot_weight_offset(march)) + (MinPairs(found[3].var),)
 
     lib = GraphLibrary(g, fuse=True, schedule=schedule)
-    assert "nc_dot2w_16(" in lib.source
+    assert f"nc_dot2w_{lanes}(" in lib.source
     check_bitwise(lib, g, w, np.random.default_rng(10))
 
 
 def test_min_pairs_only_where_a_mins_term_fits_int16(monkeypatch):
     """The recipe pairs the mins at 16 lanes for a format with mins (Q4_K), not for one without
-    (Q6_K), nor at 8 lanes; the directive refuses a kernel with no mins term to pair; where AMX
-    tile sums apply they take the mins themselves, and the schedule is the one without MinPairs."""
+    (Q6_K), nor at 8 lanes (measured slower there: recipes.MINPAIR_LANES); the directive refuses a
+    kernel with no mins term to pair; where AMX tile sums apply they take the mins themselves, and
+    the schedule is the one without MinPairs."""
     from nanocompile.schedule import MinPairs, ScheduleError, apply
 
-    for march, name, paired in (("x86-64-v4+vnni", "Q4_K", True), ("x86-64-v4+vnni", "Q6_K", False),
-                                ("x86-64-v3", "Q4_K", False)):
+    for march, lanes, name, paired in (("x86-64-v4+vnni", 16, "Q4_K", True), ("x86-64-v4+vnni", 16, "Q6_K", False),
+                                       ("x86-64-v3", 8, "Q4_K", False)):
         use_target(march, monkeypatch)
         fmt, _, _ = weights_of(name, seed=9)
         lib = GraphLibrary(superblock_graph(fmt, 512, 64), fuse=True, schedule="default")
         assert ("MinPairs(" in lib.source) == paired, (march, name)
-        assert ("nc_dot2w_16(" in lib.source) == paired, (march, name)
+        assert (f"nc_dot2w_{lanes}(" in lib.source) == paired, (march, name)
     fmt, _, _ = weights_of("Q6_K", seed=9)
     k = next(k for k in graph_kernels(superblock_graph(fmt, 512, 64)).values() if _superblock_column_loop(k))
     subs = _superblock_column_loop(k)[3]

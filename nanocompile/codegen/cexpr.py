@@ -353,9 +353,9 @@ class VectorC:
             return (f"{helper}_{self.lanes}({self.splat(e.acc)}, {self.address(x.param, x.index)}, "
                     f"{self.address(w.param, w.index)})")
         if isinstance(e, PairDot):  # two int16 products a lane (schedule/minpairs.py): one vpdpwssd
-            if self.lanes != 16:
-                raise TypeError(f"paired products at {self.lanes} lanes (MinPairs is for 16)")
-            return (f"nc_dot2w_16({self.splat(e.acc)}, {c(e.x0, False)}, {c(e.x1, False)}, "
+            if self.lanes not in (8, 16):
+                raise TypeError(f"paired products at {self.lanes} lanes (MinPairs is for 8 and 16)")
+            return (f"nc_dot2w_{self.lanes}({self.splat(e.acc)}, {c(e.x0, False)}, {c(e.x1, False)}, "
                     f"{self.address(e.m0.a.param, e.m0.a.index)}, {self.address(e.m1.a.param, e.m1.a.index)})")
         if isinstance(e, Acc) and e.name in self.pairs:  # int16 pairs read: their int32 sum
             return f"nc_pairs_sum_{self.lanes}({e.name})"

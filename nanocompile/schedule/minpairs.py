@@ -25,15 +25,15 @@ from ..loopir.ir import REDUCTION, Acc, AccInit, AccUpdate, Bin, Cast, IConst, K
 from ..loopir.traverse import contains, rewrite, statements, statements_in_loops, substitute, walk
 from .directives import MinPairs, ScheduleError
 
-LANES = 16  # vpdpwssd on 512-bit vectors (nc_dot2w_16)
+LANES = (8, 16)  # vpdpwssd (vpmaddwd without VNNI) on 256- and 512-bit vectors: nc_dot2w_8, nc_dot2w_16
 INT16_MAX = 32767
 
 
 def min_pairs(k: Kernel, d: MinPairs) -> tuple:
     inside = {id(s) for s, outer in statements_in_loops(k.body)
-              if isinstance(s, Loop) and s.var == d.loop and any(lp.lanes == LANES for lp in outer)}
+              if isinstance(s, Loop) and s.var == d.loop and any(lp.lanes in LANES for lp in outer)}
     if not inside:
-        raise ScheduleError(f"{k.name}: no loop {d.loop!r} inside a loop of {LANES} lanes to pair the mins of")
+        raise ScheduleError(f"{k.name}: no loop {d.loop!r} inside a loop of 8 or 16 lanes to pair the mins of")
     int32_locals = {s.name for s in statements(k.body) if isinstance(s, AccInit) and s.dtype == "i32"}
 
     def pair(n):

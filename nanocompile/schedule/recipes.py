@@ -45,7 +45,6 @@ from .bytesums import byte_sum_loops, byte_sums
 from .directives import (ByteSums, DotProduct, FetchAhead, FetchNextBlock, LaneReduce, MinPairs, Pack, PairSums, Parallel, PrefetchNext, Reorder, ScheduleError, Split,
                          Unpack, Unroll, UnrollJam, Vectorize)
 from .loops import check_parallel, check_unroll_jam, has_tail
-from .minpairs import LANES as MINPAIRS_WIDTH
 from .pairs import LANES as PAIR_LANES
 from .pairs import pairs_fit
 from .unpack import MOST_BYTES as UNPACK_BYTES
@@ -96,9 +95,11 @@ NARROW_LANES = (8, 16)  # weights in 4-6 bits: read by 8- and 16-lane dot produc
 SUPERBLOCK_ROWS = 8  # the most rows a superblock projection's tile holds
 SUPERBLOCK_COLUMNS = {16: (1, 2, 4), 8: (2, 4, 1)}  # column vectors per tile, in the order tried
 # lanes whose superblock projections sum the mins term in int16 pairs of sub-blocks (MinPairs, one
-# vpdpwssd a pair): the 3B's C tree with it against without, a 256-id prompt 0.958x, an 8-row step
-# 0.944x, one row 0.995x; the default model unchanged (phase26.md)
-MINPAIR_LANES = MINPAIRS_WIDTH
+# vpdpwssd a pair): at 16 the 3B's C tree with it against without, a 256-id prompt 0.958x, an
+# 8-row step 0.944x, one row 0.995x; the default model unchanged (phase26.md). Not at 8, which
+# MinPairs also takes (nc_dot2w_8, bitwise): the 3B's C tree at x86-64-v3 on a Zen 4, with it
+# against without, a 256-id prompt 1.033x slower (faster in 1 of 6 rounds), 8 rows 0.993x (phase27.md)
+MINPAIR_LANES = (16,)
 # bytes ahead in its quants' storage that a single row's quantized product fetches into L1, by
 # lanes (FetchAhead; 0: none). The Q4_K 8960x1536 one-row product alone at x86-64-v3, two
 # threads, alternated call by call: 1 KiB ahead faster in 826-894 of 990 calls (1.13-1.17x in
@@ -229,7 +230,7 @@ def _superblock_projection(k: Kernel, col: Loop, row, supers: Loop, subs: Loop, 
     # vpdpwssd where it applies, else the same schedule without
     activation_sums = {name for _, _, name in k.sums}
     mins = any(ld.param in activation_sums for ld in loads(supers.body))
-    pairs = [[MinPairs(subs.var)], []] if lanes == MINPAIR_LANES and mins else [[]]
+    pairs = [[MinPairs(subs.var)], []] if lanes in MINPAIR_LANES and mins else [[]]
     for columns in SUPERBLOCK_COLUMNS[lanes]:
         # at least one row inside the columns: each column block's weights read by every row of
         # a prefill chunk from L1 or L2, not once per row from memory
