@@ -180,6 +180,33 @@ def test_native_library_is_bitwise_its_unscheduled_build_and_the_interpreter(tin
 
 
 @pytest.mark.c
+@pytest.mark.levels
+@pytest.mark.parametrize("embedding", ["Q4_0", "Q5_0"])
+def test_an_embedding_only_gathered_stays_in_its_bits(embedding, tmp_path, monkeypatch):
+    """An embedding that is only gathered (the file has its own Q8_0 output head, as the default
+    0.5B file and its Q4_0 and Q3_K_M requantizations do) is kept in its 4 or 5 bits where the
+    target keeps narrow weights (schedule/program._narrow_tables): the gather rebuilds each byte
+    of its row, and the logits are bit for bit the unscheduled build's and the interpreter's."""
+    from nanocompile.models import load_model
+
+    cfg = tiny_config(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, layers=2, vocab=320)
+    types = {name: "Q8_0" for name in tiny_types(cfg)} | {"model.embed_tokens.weight": embedding}
+    path = write_gguf(tmp_path / "table.gguf", cfg, random_weights(cfg, seed=13), tensor_types=types)
+    monkeypatch.setenv("NANOCOMPILE_CACHE", str(tmp_path / "cache"))
+    model = load_model(path, progress=False)
+    ids = [int(t) for t in np.random.default_rng(4).integers(0, cfg.vocab_size, DEFAULT_CHUNK + 6)]
+    compiled = open_session(model, "compiled", n_ctx=128, threads=2, precision="native")
+    plain = CompiledSession.from_weights(model.config, model.weights, n_ctx=128, precision="native", fuse=False,
+                                         schedule=False)
+    interp = InterpreterSession.from_weights(model.config, model.weights, n_ctx=128, precision="native")
+    narrow = "model.embed_tokens.weight.qs" in compiled.module.narrow_weights
+    assert narrow == five_bits_here()
+    bits = format_named(embedding).bits
+    assert (f"nc_load_u{bits}(" in (compiled.lib.path.parent / "model.c").read_text()) == narrow
+    assert_bitwise_agree(compiled, plain, interp, ids)
+
+
+@pytest.mark.c
 def test_a_call_cut_into_more_chunks_gives_the_same_bits(tiny_native, tmp_path, monkeypatch):
     """How finely the pool cuts a call (codegen/render.py CHUNKS_PER_THREAD: one chunk per thread
     that can run since phase 24, up to 8 before) changes no bit: libraries cutting 1, 3 and 8 chunks per
@@ -764,8 +791,9 @@ def test_real_native_packed_size(real_model, monkeypatch):
           f"{eight_bit + HEADER_BYTES} B, GGUF {gguf_size} B: {size / gguf_size:.3f}x")
     if five_bits_here():
         # q, k, o, gate, up in 24 layers and v in the 12 where it is Q5_0 (its kernel is split by
-        # storage from the Q8_0 layers'); the embedding is only gathered here, the file having its
-        # own Q8_0 output weight
-        assert len(session.module.narrow_weights) == 132 + 24  # and the down projections in 4 or 6 bits
+        # storage from the Q8_0 layers'), and the Q5_0 embedding, only gathered here (the file has
+        # its own Q8_0 output weight)
+        assert len(session.module.narrow_weights) == 132 + 24 + 1  # and the down projections in 4 or 6 bits
+        assert "model.embed_tokens.weight.qs" in session.module.narrow_weights
         assert sum(name.endswith("v_proj.weight.qs") for name in session.module.narrow_weights) == 12
         assert size <= 1.1 * gguf_size

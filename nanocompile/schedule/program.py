@@ -10,12 +10,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-from ..loopir.ir import Kernel, format_kernel
+from ..loopir.affine import linear
+from ..loopir.ir import Kernel, Load, Var, format_kernel
+from ..loopir.traverse import contains, loads
 from .apply import apply, first_legal, is_legal
 from .blocking import weight_layouts
 from .directives import AmxSums, MinPairs, Pack, Reorder, RowSlices, Split, Unpack
+from .narrow import UNIT
 from .recipes import NARROW_LANES, default_schedule
 from .tiles import tile_sums_rows
+
+# rows a narrow table's Pack interleaves (_narrow_tables): the fewest whose 4-byte groups fill the
+# half units narrow storage keeps (schedule/narrow.py), so a gathered row spans 8 rows' bytes
+TABLE_BLOCK = 8
 
 
 def weight_params(kernels: dict[str, Kernel], programs, kind: str = "weight") -> dict[str, frozenset]:
@@ -180,6 +187,7 @@ def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=No
         unpackable |= refused - set(narrow)
         for buffer in refused:  # read by a kernel that cannot take it narrow: every kernel reads it in 8 bits
             narrow.pop(buffer, None)
+    _narrow_tables(kernels, programs, schedules, narrow, layouts(strict=False))
     packed = layouts(strict=True)  # raises if a parameter is bound to a packed and an unpacked weight
     if tiles and choose is None:  # the recipes' and measured schedules; a chosen one is as given
         schedules = {name: with_tile_sums(kernels[name], s, max_rows) for name, s in schedules.items()}
@@ -188,6 +196,54 @@ def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=No
     for prog in programs:
         prog.kernels = {n: kernels[n] for n in prog.kernels}
     return packed
+
+
+def _narrow_tables(kernels, programs, schedules: dict, narrow: dict, packed: dict) -> None:
+    """A narrow weight that no kernel packs and that is read only as a table of rows (an untied
+    embedding's gather: a Q4_0 or Q5_0 token_embd beside a Q8_0 output head) is kept in its bits
+    too: each call's kernel gets Pack(row, TABLE_BLOCK, 4, offset, bits) in front of its schedule
+    and rebuilds the bytes it reads (schedule/narrow.py). Where a reader takes no such Pack, the
+    weight stays in 8 bits, as before."""
+    readers: dict[str, set] = {}
+    sizes: dict[str, int] = {}
+    for prog in programs:
+        for call in prog.calls:
+            for p, buffer in zip(kernels[call.kernel].params, call.args):
+                if buffer in narrow and buffer not in packed:
+                    readers.setdefault(buffer, set()).add((call.kernel, p.name))
+                    size = prog.buffers[buffer].size
+                    sizes[buffer] = size.as_int() if size.is_const else 0
+    for buffer, found in readers.items():
+        bits, offset = narrow[buffer]
+        rows = {table_row(kernels[name], param) for name, param in found}
+        if len(rows) != 1 or None in rows:
+            continue
+        row = rows.pop()
+        if row % UNIT or not sizes[buffer] or sizes[buffer] % (row * TABLE_BLOCK):  # whole units, whole blocks
+            continue
+        chosen = {}
+        for name, param in found:
+            pack = (Pack(param, row, TABLE_BLOCK, 4, offset, bits),)
+            chosen[name] = first_legal(kernels[name], [pack + tuple(schedules[name]),
+                                                       pack + tuple(default_schedule(kernels[name], 0, ()))])
+        if all(chosen.values()):
+            schedules.update(chosen)
+
+
+def table_row(k: Kernel, param: str) -> int | None:
+    """The row length of weight param if k reads it only as a table, element (row, j) at row * n + j
+    with the row read from another buffer (a token id) and j a loop's index; else None."""
+    found = set()
+    for ld in loads(k.body):
+        if ld.param != param:
+            continue
+        terms, const = linear(ld.index)
+        rows = [c for a, c in terms.items() if contains(a, Load)]
+        if const or len(rows) != 1 or any(not isinstance(a, Var) or c != 1 for a, c in terms.items()
+                                          if not contains(a, Load)):
+            return None
+        found.add(rows[0])
+    return found.pop() if len(found) == 1 else None
 
 
 def with_tile_sums(k: Kernel, schedule, max_rows: int = 0) -> tuple:
