@@ -1,7 +1,7 @@
 """Writes a self-contained C source tree for a model: the generated C and header, the driver,
 an explicit source list, a CMakeLists.txt, and copies of runtime/ and cmake/.
 
-    python -m nanocompile.generate -m MODEL [--precision f32] --out DIR [--no-weights]
+    python -m nanocompile.generate -m MODEL [--precision auto] --out DIR [--no-weights]
     python -m nanocompile.generate --default-arch --out DIR     (what `pip install .` builds)
 
 With a model, the packed weights file is written as DIR/weights.bin for the C driver:
@@ -17,7 +17,7 @@ from pathlib import Path
 from .codegen.options import DEFAULT_CHUNK
 from .codegen.tree import write_tree
 from .compiler import STAGE_NAMES
-from .engine.precision import PRECISION_CHOICES
+from .engine.precision import AUTO, PRECISION_CHOICES
 from .errors import NanocompileError
 from .frontend.config import Qwen2Config
 from .frontend.qwen2 import PRECISIONS as GRAPH_PRECISIONS
@@ -32,8 +32,9 @@ def main(argv=None) -> int:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("-m", "--model", help="'default', a GGUF file or a Hugging Face directory")
     src.add_argument("--default-arch", action="store_true", help="Qwen2.5-0.5B's architecture, no weights")
-    ap.add_argument("--precision", default="f32", choices=list(PRECISION_CHOICES),
-                    help="with -m: auto, f32, int8 or native; with --default-arch: f32 or int8")
+    ap.add_argument("--precision", default=AUTO, choices=list(PRECISION_CHOICES),
+                    help="with -m: auto (default: what `nanocompile run` runs, native for a quantized GGUF), f32, "
+                         "int8 or native; with --default-arch: f32 (auto's choice there) or int8")
     ap.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="largest chunk of new tokens per pass")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--no-weights", action="store_true", help="do not write weights.bin")
@@ -43,6 +44,8 @@ def main(argv=None) -> int:
 
     try:
         if args.default_arch:
+            if args.precision == AUTO:  # no weights to look at: float32, as a model without blocks runs
+                args.precision = "f32"
             if args.precision not in GRAPH_PRECISIONS:
                 raise NanocompileError(f"--default-arch has no weights: --precision {args.precision} needs a model "
                                        f"file (-m); without one choose {' or '.join(GRAPH_PRECISIONS)}")
