@@ -80,6 +80,21 @@ def test_siblings_refuse_a_size_or_thread_count_they_cannot_make(args, why, tmp_
     assert not (tmp_path / "siblings").exists()
 
 
+def test_requantized_types_are_llamas_ftypes(tmp_path):
+    """bench/support/requantized.py names each type by the llama_ftype llama.h gives it, and refuses
+    a type it does not know in one line, writing nothing."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is in the [model] extra")
+    from bench.support.requantized import FTYPES
+
+    for name, value in FTYPES.items():
+        assert getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{name}") == value, name
+    env = {**os.environ, "NANOCOMPILE_SIBLINGS": str(tmp_path / "siblings")}
+    r = subprocess.run([sys.executable, "-m", "bench.support.requantized", "Q7_0"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "argument kinds: invalid choice: 'Q7_0'" in r.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "siblings").exists()
+
+
 @pytest.mark.parametrize("args, why", [
     (["--variants", "2:8,2:x"], "'2:x': a variant is COLUMNS:BUDGET, two whole numbers"),
     (["--variants", "0:24"], "'0:24': columns and budget at least 1"),

@@ -134,12 +134,15 @@ def write_f16(size: str, path: Path, tokenizer_from: Path) -> None:
     writer.close()
 
 
-def quantize(source: Path, dest: Path, threads: int) -> None:
+def quantize(source: Path, dest: Path, threads: int, ftype: int = Q4_K_M, requantize: bool = False) -> None:
+    """llama.cpp's llama_model_quantize of source into dest as ftype (a llama_ftype); requantize:
+    from a file that is quantized already."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = Q4_K_M
+    params.ftype = ftype
     params.nthread = threads
+    params.allow_requantize = requantize
     status = llama_cpp.llama_model_quantize(str(source).encode(), str(dest).encode(), ctypes.byref(params))
     if status != 0:
         raise RuntimeError(f"llama_model_quantize {source} -> {dest} returned {status}")
