@@ -71,7 +71,7 @@ CFG = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, layers=2, vocab
 
 
 def tiny_types(cfg) -> dict[str, str]:
-    """Layer 0 in the exact formats; layer 1's down projection Q4_1 (a min: no exact form) and
+    """Layer 0 in the exact formats; layer 1's down projection IQ4_NL (a codebook: no native form) and
     its up projection float32: both fall back."""
     types = {"model.embed_tokens.weight": "Q5_0", "lm_head.weight": "Q8_0"}
     for i in range(cfg.num_hidden_layers):
@@ -80,12 +80,12 @@ def tiny_types(cfg) -> dict[str, str]:
                       layer + "self_attn.v_proj.weight": "Q8_0", layer + "self_attn.o_proj.weight": "Q5_0",
                       layer + "mlp.gate_proj.weight": "Q4_0", layer + "mlp.up_proj.weight": "Q5_0",
                       layer + "mlp.down_proj.weight": "Q5_0"})
-    types["model.layers.1.mlp.down_proj.weight"] = "Q4_1"
+    types["model.layers.1.mlp.down_proj.weight"] = "IQ4_NL"
     types["model.layers.1.mlp.up_proj.weight"] = "F32"
     return types
 
 
-FALLBACKS = {"model.layers.1.mlp.down_proj.weight": "Q4_1", "model.layers.1.mlp.up_proj.weight": "F32"}
+FALLBACKS = {"model.layers.1.mlp.down_proj.weight": "IQ4_NL", "model.layers.1.mlp.up_proj.weight": "F32"}
 # in 5 bits where the target can: every 5-bit format (the untied embedding is only gathered). Layer
 # 0's up and down projections are too: their kernels are split by storage from layer 1's, whose
 # up and down projections fall back to 8 bits (schedule/program.split_by_storage)
@@ -144,7 +144,7 @@ def test_tiny_native_weights_are_the_files_blocks(tiny_native):
 def test_the_note_names_each_fallback_and_its_type(tiny_native):
     note = weight_form("native", tiny_native[0].weights).fallback_note()
     assert "2 tensor(s)" in note
-    assert "Q4_1: model.layers.1.mlp.down_proj.weight" in note and "F32: model.layers.1.mlp.up_proj.weight" in note
+    assert "IQ4_NL: model.layers.1.mlp.down_proj.weight" in note and "F32: model.layers.1.mlp.up_proj.weight" in note
 
 
 @pytest.mark.c
@@ -162,7 +162,7 @@ def test_native_library_is_bitwise_its_unscheduled_build_and_the_interpreter(tin
     said = capfd.readouterr().err
     # said by the packing: a level whose layout an earlier level packed (+amx's is +vnni's) finds it packed
     packed_now = compiled.packed_path not in packed_before
-    assert said.count("requantized to Q8_0") == packed_now and ("Q4_1" in said) == packed_now
+    assert said.count("requantized to Q8_0") == packed_now and ("IQ4_NL" in said) == packed_now
     plain = CompiledSession.from_weights(model.config, model.weights, n_ctx=128, precision="native", fuse=False, schedule=False)
     interp = InterpreterSession.from_weights(model.config, model.weights, n_ctx=128, precision="native")
     assert interp.order == library_order()
@@ -181,16 +181,21 @@ def test_native_library_is_bitwise_its_unscheduled_build_and_the_interpreter(tin
 
 @pytest.mark.c
 @pytest.mark.levels
-@pytest.mark.parametrize("embedding", ["Q4_0", "Q5_0"])
+@pytest.mark.parametrize("embedding", ["Q4_0", "Q5_0", "Q5_1"])
 def test_an_embedding_only_gathered_stays_in_its_bits(embedding, tmp_path, monkeypatch):
     """An embedding that is only gathered (the file has its own Q8_0 output head, as the default
-    0.5B file and its Q4_0 and Q3_K_M requantizations do) is kept in its 4 or 5 bits where the
-    target keeps narrow weights (schedule/program._narrow_tables): the gather rebuilds each byte
-    of its row, and the logits are bit for bit the unscheduled build's and the interpreter's."""
+    0.5B file and its Q4_0, Q3_K_M and Q5_K_M requantizations do) is kept in its 4 or 5 bits where
+    the target keeps narrow weights (schedule/program._narrow_tables): the gather rebuilds each
+    byte of its row. Q4_1 and Q5_1 (a float16 min per block: Q5_K_M's fallback for 896-wide
+    matrices) run as stored, super-blocks of one sub-block (models/quantize.unit_sub_blocks), in
+    the q, gate and up projections here. The logits are bit for bit the unscheduled build's and the
+    interpreter's."""
     from nanocompile.models import load_model
 
     cfg = tiny_config(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, layers=2, vocab=320)
     types = {name: "Q8_0" for name in tiny_types(cfg)} | {"model.embed_tokens.weight": embedding}
+    types |= {f"model.layers.{i}.{name}.weight": kind for i in range(cfg.num_hidden_layers)
+              for name, kind in (("self_attn.q_proj", "Q4_1"), ("mlp.gate_proj", "Q5_1"), ("mlp.up_proj", "Q5_1"))}
     path = write_gguf(tmp_path / "table.gguf", cfg, random_weights(cfg, seed=13), tensor_types=types)
     monkeypatch.setenv("NANOCOMPILE_CACHE", str(tmp_path / "cache"))
     model = load_model(path, progress=False)
@@ -199,8 +204,10 @@ def test_an_embedding_only_gathered_stays_in_its_bits(embedding, tmp_path, monke
     plain = CompiledSession.from_weights(model.config, model.weights, n_ctx=128, precision="native", fuse=False,
                                          schedule=False)
     interp = InterpreterSession.from_weights(model.config, model.weights, n_ctx=128, precision="native")
+    assert not weight_form("native", model.weights).fallbacks
     narrow = "model.embed_tokens.weight.qs" in compiled.module.narrow_weights
     assert narrow == five_bits_here()
+    assert ("model.layers.1.mlp.gate_proj.weight.qs" in compiled.module.narrow_weights) == five_bits_here()
     bits = format_named(embedding).bits
     assert (f"nc_load_u{bits}(" in (compiled.lib.path.parent / "model.c").read_text()) == narrow
     assert_bitwise_agree(compiled, plain, interp, ids)

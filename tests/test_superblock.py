@@ -19,7 +19,7 @@ from nanocompile.target import dot_weight_offset, vector_lanes
 
 pytestmark = pytest.mark.c
 
-K_FORMATS = ["Q4_K", "Q6_K", "Q5_K", "Q3_K", "Q2_K"]
+K_FORMATS = ["Q4_K", "Q6_K", "Q5_K", "Q3_K", "Q2_K", "Q4_1", "Q5_1"]  # Q4_1, Q5_1: a super-block of one sub-block
 DTYPES = {"qs": "i8", "sc": "i8", "d": "f16", "mn": "i8", "dmin": "f16"}
 
 
@@ -148,7 +148,7 @@ def narrow_schedule(k, fmt, columns, rows, lanes=16, dot_offset=128):
 
 
 # 4-bit quants without an offset: a sub-block's dot products summed in int16 pairs at 8 lanes
-PAIRED = {"Q4_K", "Q2_K"}
+PAIRED = {"Q4_K", "Q2_K", "Q4_1"}
 
 
 @pytest.mark.parametrize("name", K_FORMATS)
@@ -170,8 +170,11 @@ def test_narrow_kernels_are_bitwise(march, name, columns, rows, monkeypatch):
                                                                         dot_weight_offset(march))
                        if _superblock_column_loop(k) else ())
     paired = lanes == 8 and name in PAIRED
-    assert narrow_dot_call(bits, lanes, pairs=paired) in lib.source  # at 8 lanes: a literal half (super-blocks of 256)
-    assert narrow_dot_call(bits, lanes, pairs=paired, half_known=False) not in lib.source or lanes == 16
+    calls = [narrow_dot_call(bits, lanes, pairs=paired, half_known=known) in lib.source for known in (True, False)]
+    if fmt.block > fmt.sub:  # at 8 lanes a literal half (super-blocks of 256)
+        assert calls[0] and (not calls[1] or lanes == 16)
+    else:  # Q4_1, Q5_1: blocks of 32, whose halves the C finds from the index at 8 lanes
+        assert any(calls)
     assert ("nc_pairs_mul_8(" in lib.source) == paired and ("nc_dot4usp_8(" in lib.source) == (paired and rows > 0)
     assert "nc_sum_i8(" not in lib.source
     check_bitwise(lib, g, w, np.random.default_rng(8))

@@ -391,8 +391,9 @@ class KernelBody:
             self.given_sums(xq, xs, size)
 
         def super_block(big):
-            def sub_index(s):
-                return Bin("+", Bin("*", big, IConst(per_super)), s) if per_super > 1 else big
+            def sub_index(s):  # s even where a super-block is one sub-block (Q4_1, Q5_1): the dot
+                # products stay inside the sub-block loop, the nest the recipes tile
+                return Bin("+", Bin("*", big, IConst(per_super)), s)
 
             def scaled_dot(s):
                 b = sub_index(s)

@@ -153,7 +153,10 @@ def narrow_storage(fmt: BlockFormat | None) -> tuple[int, int] | None:
 def superblock_form(fmt: BlockFormat | None) -> bool:
     """Whether fmt runs as superblock_matmul's operands as stored (the K formats): sub-blocks of
     at most 32 weights inside blocks of several, quants within int8 after the offset, integer
-    sub-scales (and sub-mins) within int8 under float16 super-scales, mins subtracted."""
+    sub-scales (and sub-mins) within int8 under float16 super-scales, mins subtracted; or a block
+    format with a float16 min (unit_sub_blocks)."""
+    if fmt is not None and unit_sub_blocks(fmt):
+        return True
     if fmt is None or not fmt.scale.sub or fmt.sub > QBLOCK or fmt.block % fmt.sub or fmt.scale.negate:
         return False
     q = quant_range(fmt)
@@ -161,6 +164,17 @@ def superblock_form(fmt: BlockFormat | None) -> bool:
     return q.start >= -127 and q.stop - 1 <= 127 and all(
         r.sub and not r.negate and fmt.field(r.super).dtype == "f16" and
         sub_range(r).start >= -128 and sub_range(r).stop - 1 <= 127 for r in rules)
+
+
+def unit_sub_blocks(fmt: BlockFormat) -> bool:
+    """Q4_1, Q5_1: blocks of 32 with a float16 scale d and a float16 min m added (d * q + m), no
+    sub-scales, quants within [0, 127]. They run as superblock_matmul's operands with a super-block
+    of one sub-block: sub-scale and sub-min 1 and dmin = -m, so d * 1 * q - dmin * 1 is the same
+    value, and the min's term is the activations' block sum times dmin, as a K format's mins term."""
+    q = quant_range(fmt)
+    return (fmt.block == QBLOCK and fmt.sub == QBLOCK and fmt.min is not None and not fmt.scale.sub
+            and not fmt.min.sub and not fmt.scale.negate and q.start >= 0 and q.stop - 1 <= 127
+            and all(fmt.field(r.super).dtype == "f16" for r in (fmt.scale, fmt.min)))
 
 
 def superblock_parts(fmt: BlockFormat) -> tuple[str, ...]:
@@ -202,7 +216,8 @@ def split_superblocks(data: np.ndarray, fmt: BlockFormat, rows: int, k: int) -> 
         parts["d"][part] = u.values[fmt.scale.super].reshape(-1, supers)
         if fmt.has_min:
             parts["mn"][part] = u.sub_min.reshape(-1, subs)
-            parts["dmin"][part] = u.values[fmt.min.super].reshape(-1, supers)
+            dmin = u.values[fmt.min.super].reshape(-1, supers)
+            parts["dmin"][part] = -dmin if fmt.min.negate else dmin  # a min added: subtracted negated, exactly
     return parts
 
 

@@ -199,8 +199,8 @@ def schedule_program(kernels: dict[str, Kernel], programs, lanes: int, choose=No
 
 
 def _narrow_tables(kernels, programs, schedules: dict, narrow: dict, packed: dict) -> None:
-    """A narrow weight that no kernel packs and that is read only as a table of rows (an untied
-    embedding's gather: a Q4_0 or Q5_0 token_embd beside a Q8_0 output head) is kept in its bits
+    """A narrow weight that no kernel packs and that is read only as a table of rows (a gather's
+    table that no matmul reads: a Q4_0 or Q5_0 table beside a Q8_0 matrix of the same rows) is kept in its bits
     too: each call's kernel gets Pack(row, TABLE_BLOCK, 4, offset, bits) in front of its schedule
     and rebuilds the bytes it reads (schedule/narrow.py). Where a reader takes no such Pack, the
     weight stays in 8 bits, as before."""
@@ -232,7 +232,7 @@ def _narrow_tables(kernels, programs, schedules: dict, narrow: dict, packed: dic
 
 def table_row(k: Kernel, param: str) -> int | None:
     """The row length of weight param if k reads it only as a table, element (row, j) at row * n + j
-    with the row read from another buffer (a token id) and j a loop's index; else None."""
+    with the row read from another buffer (an id) and j a loop's index; else None."""
     found = set()
     for ld in loads(k.body):
         if ld.param != param:
