@@ -320,7 +320,7 @@ def test_bad_arguments_when_loading(tmp_path):
 
 def test_the_default_precision_follows_the_file(tmp_path, capsys):
     """precision "auto" (the default): native for a GGUF storing any matrix in blocks (a tensor of a
-    type native does not run as stored, Q4_1 here, alone requantized to Q8_0, with one note), f32
+    type native does not run as stored, IQ4_NL here, alone requantized to Q8_0, with one note), f32
     for a GGUF with float matrices only and for a Hugging Face directory."""
     from bench.support.tiny import random_weights, tiny_config, write_gguf, write_hf_dir
 
@@ -329,14 +329,14 @@ def test_the_default_precision_follows_the_file(tmp_path, capsys):
     types = {n: "Q8_0" for n, a in w.items() if a.ndim == 2}
     blocks = write_gguf(tmp_path / "q8.gguf", cfg, w, tensor_types=types)
     mixed = write_gguf(tmp_path / "mixed.gguf", cfg, w,
-                       tensor_types=dict(types, **{"model.layers.1.mlp.up_proj.weight": "Q4_1"}))
+                       tensor_types=dict(types, **{"model.layers.1.mlp.up_proj.weight": "IQ4_NL"}))
     floats = write_gguf(tmp_path / "f32.gguf", cfg, w, quantize=False)
     hf = write_hf_dir(tmp_path / "hf", cfg, w)
     for path, want in ((blocks, "native"), (mixed, "native"), (floats, "f32"), (hf, "f32")):
         assert Model(path, backend="interp", progress=False).precision == want, path
     notes = [line for line in capsys.readouterr().err.splitlines() if "requantized to Q8_0" in line]
     assert notes == ["nanocompile: native: 1 tensor(s) of a type with no exact native form are requantized to Q8_0 "
-                     "(Q4_1: model.layers.1.mlp.up_proj.weight)"], notes
+                     "(IQ4_NL: model.layers.1.mlp.up_proj.weight)"], notes
     assert Model(blocks, backend="interp", progress=False, precision="int8").precision == "int8"
 
 

@@ -10,8 +10,9 @@ half away from zero.
 The native precision (NativeWeights) is the same form, filled from the file's own blocks where
 they are exactly int8's: a format with blocks of 32, one float16 scale each, no min and quants
 within [-127, 127] after its offset (Q8_0, Q5_0, Q4_0) is split as stored, qs = q - offset and
-d as the file has it, so the int8 kernels compute the file's own weights. Every other matrix
-(K formats, Q4_1/Q5_1 with their min, float tensors, a source with no stored blocks) is
+d as the file has it, so the int8 kernels compute the file's own weights. The K formats, and
+Q4_1/Q5_1 with their min, run as superblock_matmul's operands (superblock_form). Every other
+matrix (codebook types such as IQ4_NL, float tensors, a source with no stored blocks) is
 quantized to Q8_0 as int8 does, and named in one note.
 """
 from __future__ import annotations
