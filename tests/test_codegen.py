@@ -86,6 +86,17 @@ def test_dump_after_on_the_command_line(tmp_path):
     assert r.returncode == 0 and "graph qwen2_logits_none(seq, past) {" in r.stdout, r.stderr
 
 
+def test_generate_without_weights_refuses_a_precision_that_needs_them(tmp_path):
+    """--default-arch has no file to take native's blocks from: one line naming the way out, exit
+    1, nothing written; auto (the default) is float32 there (the dump test above runs it)."""
+    r = subprocess.run([sys.executable, "-m", "nanocompile.generate", "--default-arch", "--precision", "native",
+                        "--out", str(tmp_path / "g")], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == ["nanocompile.generate: error: --default-arch has no weights: --precision "
+                                             "native needs a model file (-m); without one choose f32 or int8"]
+    assert not (tmp_path / "g").exists()
+
+
 def test_the_command_line_lists_the_compilers_stages():
     from nanocompile.compiler import STAGE_NAMES
 
